@@ -1,0 +1,28 @@
+"""Errors kerasfast raises instead of failing deep inside TensorFlow.
+
+Every error says what was wrong (argument, file, record, layer) and how to
+fix it, so that a user never has to read a TensorFlow traceback to find out.
+"""
+
+
+class KerasfastError(Exception):
+    """Base class of every error kerasfast raises on purpose."""
+
+
+class PlanError(KerasfastError, ValueError):
+    """An argument or a combination of arguments that cannot work.
+
+    Raised while the plan is resolved, i.e. before any training step runs.
+    """
+
+
+class DataError(KerasfastError, ValueError):
+    """Input data that is missing, malformed or does not match the model."""
+
+
+class ModelError(KerasfastError, ValueError):
+    """A model kerasfast cannot train or transform as asked."""
+
+
+class ExportError(KerasfastError, RuntimeError):
+    """An export that cannot be produced or failed its verification."""
