@@ -1,10 +1,30 @@
-"""kerasfast: train any Keras 3 model the fast way from one call."""
+"""kerasfast: train any Keras 3 model the fast way from one call.
+
+The layout follows a run's path: `hardware` and `plan` resolve what to do,
+`data` feeds it, `training` runs it, `compress` and `export` ship it.
+
+Example:
+
+>>> import kerasfast
+>>> result = kerasfast.fit(model, (x, y), epochs=5)
+>>> print(result.plan)
+"""
 
 import os as _os
 
-# TensorFlow's C++ start-up chatter hides kerasfast's own plan output.
+# TensorFlow's C++ start-up chatter would bury kerasfast's own plan output.
 _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 __version__ = "0.1.0"
 
 from kerasfast.errors import DataError, ExportError, KerasfastError, ModelError, PlanError  # noqa: E402
+from kerasfast.hardware import GPU, Hardware, detect_hardware  # noqa: E402
+from kerasfast.plan import Plan, resolve_plan  # noqa: E402
+from kerasfast.threads import configure_threads  # noqa: E402
+from kerasfast.training import FitResult, OneCycle, Throughput, fit, warmup_cosine  # noqa: E402
+
+__all__ = [
+    "DataError", "ExportError", "FitResult", "GPU", "Hardware", "KerasfastError", "ModelError", "OneCycle",
+    "Plan", "PlanError", "Throughput", "configure_threads", "detect_hardware", "fit", "resolve_plan",
+    "warmup_cosine",
+]

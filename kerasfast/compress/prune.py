@@ -1,0 +1,184 @@
+"""`prune(model, data, ...)`: fine-tune a trained model into a sparse one."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from kerasfast.compress.config import PruningConfig
+from kerasfast.compress.pruning import apply_pruning, finalize_pruning, format_pruning_summary
+from kerasfast.errors import DataError, PlanError
+
+
+@dataclasses.dataclass
+class PruneResult:
+    """What `prune` did.
+
+    Attributes:
+        history: the `keras.callbacks.History` of the fine-tuning run.
+        summary: one plain dict per pruned kernel (see `finalize_pruning`).
+        plan: one plain dict per prunable layer, pruned or left dense with
+            the reason (see `apply_pruning`).
+        config: the resolved `PruningConfig`.
+    """
+
+    history: keras.callbacks.History
+    summary: list
+    plan: list
+    config: PruningConfig
+
+    def table(self) -> str:
+        """Markdown table: achieved sparsity per pruned layer, then dense ones."""
+        dense = [row for row in self.plan if not row["pruned"]]
+        return format_pruning_summary(self.summary + dense)
+
+
+def _steps_per_epoch(data, batch_size, steps_per_epoch):
+    if steps_per_epoch is not None:
+        return int(steps_per_epoch)
+    if isinstance(data, tf.data.Dataset):
+        cardinality = int(data.cardinality())
+        if cardinality < 0:
+            raise PlanError(
+                "The dataset's length is unknown or infinite, so the pruning schedule cannot be "
+                "placed; pass steps_per_epoch=..."
+            )
+        if cardinality == 0:
+            raise DataError("The dataset passed to prune() is empty.")
+        return cardinality
+    if isinstance(data, (tuple, list)) and len(data) >= 2:
+        num_samples = len(data[0]) if not isinstance(data[0], dict) else len(next(iter(data[0].values())))
+        if num_samples == 0:
+            raise DataError("The arrays passed to prune() hold no samples.")
+        return math.ceil(num_samples / (batch_size or 32))
+    raise DataError(
+        f"prune() takes data as a tf.data.Dataset of (x, y) batches or an (x, y) tuple of arrays; "
+        f"got {type(data).__name__}."
+    )
+
+
+def prune(
+    model,
+    data,
+    *,
+    target_sparsity: float | None = 0.8,
+    schedule="polynomial",
+    initial_sparsity: float = 0.0,
+    epochs: int = 2,
+    batch_size: int | None = None,
+    steps_per_epoch: int | None = None,
+    begin_step: int = 0,
+    end_step: int | None = None,
+    frequency: int | None = None,
+    include=None,
+    exclude=(),
+    min_size: int = 0,
+    structured: str | None = None,
+    optimizer=None,
+    loss=None,
+    metrics=None,
+    validation_data=None,
+    callbacks=None,
+    verbose="auto",
+) -> PruneResult:
+    """Prunes a trained model by magnitude while fine-tuning it on `data`.
+
+    The model is changed in place and returned as a plain Keras model: no
+    wrapper layers, and each pruned kernel has exactly `target_sparsity`
+    zeros. If the model is compiled its compile settings, optimizer state
+    and XLA/`steps_per_execution` choices are reused; pass `optimizer`/`loss`
+    to compile it afresh (required for a model never compiled).
+
+    Args:
+        model: a built Keras 3 model, usually already trained.
+        data: `tf.data.Dataset` of `(x, y)` batches or an `(x, y)` tuple.
+        target_sparsity: final fraction of zeros per pruned kernel, [0, 1).
+        schedule: "polynomial", "constant" or a schedule object.
+        initial_sparsity: starting sparsity of the polynomial schedule.
+        epochs: fine-tuning epochs.
+        batch_size: batch size when `data` is arrays (Keras default 32).
+        steps_per_epoch: needed for datasets of unknown length.
+        begin_step: step at which pruning starts (counted from the start of
+            this fine-tuning run).
+        end_step: step at which the final sparsity is reached; defaults to
+            70% of the run, leaving the rest to recover at the final mask.
+        frequency: mask update period in steps; defaults to a tenth of
+            `end_step - begin_step`.
+        include, exclude, min_size, structured: see `PruningConfig`.
+        optimizer, loss, metrics: compile the model with these instead of
+            reusing its compile settings.
+        validation_data, callbacks, verbose: passed to `model.fit`.
+
+    Returns:
+        A `PruneResult` with `history`, per-layer `summary` and `plan`.
+
+    Example:
+
+    >>> result = kerasfast.compress.prune(model, (x_train, y_train), target_sparsity=0.8, epochs=2)
+    >>> print(result.table())
+    >>> model.save("pruned.keras")
+    """
+    per_epoch = _steps_per_epoch(data, batch_size, steps_per_epoch)
+    if not isinstance(epochs, int) or epochs < 1:
+        raise PlanError(f"epochs={epochs!r} must be an int >= 1.")
+    total_steps = per_epoch * epochs
+    last_step = total_steps - 1  # the step counter seen by the last update
+    if end_step is None:
+        end_step = begin_step + int(round(0.7 * max(last_step - begin_step, 0)))
+        end_step = min(end_step, last_step)
+    if end_step > last_step:
+        raise PlanError(
+            f"end_step={end_step} is beyond the last step of this run ({last_step}: {epochs} epochs x "
+            f"{per_epoch} steps), so the target sparsity would never be reached while training. "
+            "Lower end_step or raise epochs."
+        )
+    if frequency is None:
+        frequency = max(1, (end_step - begin_step) // 10)
+    config = PruningConfig(
+        target_sparsity=target_sparsity,
+        schedule=schedule,
+        initial_sparsity=initial_sparsity,
+        begin_step=begin_step,
+        end_step=end_step,
+        frequency=frequency,
+        include=include,
+        exclude=exclude,
+        min_size=min_size,
+        structured=structured,
+    )
+    recompile = optimizer is not None or loss is not None or metrics is not None
+    if not recompile and not getattr(model, "compiled", False):
+        raise PlanError(
+            "The model is not compiled, so prune() does not know its loss. Compile it first or pass "
+            "loss=... (and optionally optimizer=..., metrics=...)."
+        )
+    if recompile:
+        if loss is None and not getattr(model, "compiled", False):
+            raise PlanError("prune() needs loss=... to compile a model that was never compiled.")
+        compile_config = model.get_compile_config() if getattr(model, "compiled", False) else {}
+        model.compile(
+            optimizer=optimizer or "adam",
+            loss=loss if loss is not None else model.loss,
+            metrics=metrics,
+            jit_compile=compile_config.get("jit_compile", "auto"),
+            steps_per_execution=compile_config.get("steps_per_execution", 1),
+        )
+    # Count steps from the start of this run even when the optimizer
+    # already trained the model (its counter is then far past 0).
+    step_offset = int(np.asarray(model.optimizer.iterations))
+
+    def step_fn():
+        return tf.cast(model.optimizer.iterations, tf.int64) - step_offset
+
+    plan = apply_pruning(model, config, step_fn=step_fn)
+    fit_kwargs = dict(epochs=epochs, validation_data=validation_data, callbacks=callbacks, verbose=verbose)
+    if isinstance(data, tf.data.Dataset):
+        history = model.fit(data, steps_per_epoch=steps_per_epoch, **fit_kwargs)
+    else:
+        history = model.fit(data[0], data[1], batch_size=batch_size, steps_per_epoch=steps_per_epoch, **fit_kwargs)
+    summary = finalize_pruning(model)
+    return PruneResult(history=history, summary=summary, plan=plan, config=config)

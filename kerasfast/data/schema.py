@@ -1,0 +1,372 @@
+"""The schema file written beside TFRecord shards, and the parsing it drives.
+
+A schema says, per feature, the dtype and shape of the decoded tensor and how
+it is stored in the `tf.train.Example` (the *encoding*), plus which feature is
+the label, the compression of the shards and how many records each holds.
+Reading needs no hand-written feature spec because of it.
+
+Encodings:
+
+* ``"int64"`` / ``"float"``: a scalar stored as a one-element
+  ``Int64List`` / ``FloatList`` (readable by any TFRecord tool).
+* ``"bytes"``: a scalar string stored as a one-element ``BytesList``.
+* ``"raw"``: an array of fixed shape stored as its little-endian bytes in a
+  ``BytesList`` and decoded with ``tf.io.decode_raw`` (fast, exact).
+* ``"png"`` / ``"jpeg"`` / ``"image"``: an encoded image (``"image"`` when a
+  dataset mixes PNG and JPEG), decoded to ``uint8`` of shape ``(H, W, C)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from kerasfast.errors import DataError
+
+SCHEMA_FILENAME = "schema.json"
+SCHEMA_FORMAT = "kerasfast.tfrecord"
+SCHEMA_VERSION = 1
+
+ENCODINGS = ("int64", "float", "bytes", "raw", "png", "jpeg", "image")
+IMAGE_ENCODINGS = ("png", "jpeg", "image")
+COMPRESSIONS = (None, "GZIP", "ZLIB")
+
+# dtypes `tf.io.decode_raw` can produce; bool is stored as uint8 bytes.
+RAW_DTYPES = (
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16",
+    "float16", "float32", "float64",
+)
+INT_LIST_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32")
+FLOAT_LIST_DTYPES = ("float16", "float32")
+
+
+def normalize_compression(compression: Any) -> str | None:
+    """Maps the spellings users write ("gzip", "", "none", None) to None/GZIP/ZLIB."""
+    if compression is None:
+        return None
+    text = str(compression).strip().upper()
+    if text in ("", "NONE"):
+        return None
+    if text in ("GZIP", "ZLIB"):
+        return text
+    raise DataError(
+        f"compression={compression!r} is not supported; use None (uncompressed), 'GZIP' or 'ZLIB'."
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureSchema:
+    """One feature of a record: how it is stored and what it decodes to.
+
+    Args:
+        name: feature key in the `tf.train.Example`.
+        dtype: NumPy dtype name of the decoded tensor ("uint8", "int64",
+            "float32", ...) or "string".
+        shape: shape of the decoded tensor for one record; `None` marks a
+            dimension that varies (only image height/width may vary).
+        encoding: one of "int64", "float", "bytes", "raw", "png", "jpeg", "image".
+    """
+
+    name: str
+    dtype: str
+    shape: tuple
+    encoding: str
+
+    def __post_init__(self):
+        object.__setattr__(self, "shape", tuple(None if d is None else int(d) for d in self.shape))
+        if self.encoding not in ENCODINGS:
+            raise DataError(f"feature {self.name!r}: unknown encoding {self.encoding!r}; use one of {ENCODINGS}.")
+        if self.encoding == "raw" and self.dtype not in RAW_DTYPES:
+            raise DataError(
+                f"feature {self.name!r}: dtype {self.dtype} cannot be stored raw; "
+                f"cast it to one of {RAW_DTYPES}."
+            )
+        if self.encoding in ("int64", "float", "bytes") and self.shape != ():
+            raise DataError(f"feature {self.name!r}: encoding {self.encoding!r} holds scalars only.")
+        if self.encoding in IMAGE_ENCODINGS and (len(self.shape) != 3 or self.shape[2] not in (1, 3, 4)):
+            raise DataError(
+                f"feature {self.name!r}: an image needs shape (height, width, channels) with 1, 3 or 4 "
+                f"channels, got {self.shape}."
+            )
+
+    @property
+    def is_image(self) -> bool:
+        return self.encoding in IMAGE_ENCODINGS
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "encoding": self.encoding}
+
+    @classmethod
+    def from_json(cls, obj: Mapping) -> "FeatureSchema":
+        return cls(obj["name"], obj["dtype"], tuple(obj["shape"]), obj["encoding"])
+
+
+@dataclasses.dataclass
+class ShardInfo:
+    """One written shard: file name (relative to the schema), records and bytes."""
+
+    file: str
+    num_records: int
+    num_bytes: int
+
+
+@dataclasses.dataclass
+class Schema:
+    """Everything needed to read a set of TFRecord shards without a feature spec.
+
+    Args:
+        features: the features of every record, in a fixed order.
+        label: name of the feature that is the training target, or None.
+        compression: None, "GZIP" or "ZLIB".
+        num_records: total records over all shards, or None if unknown.
+        shards: per-shard file name, record count and byte size.
+        classes: class names for integer labels (image folders), if any.
+        source: a short description of what was converted.
+    """
+
+    features: list
+    label: str | None = None
+    compression: str | None = None
+    num_records: int | None = None
+    shards: list = dataclasses.field(default_factory=list)
+    classes: list | None = None
+    source: str | None = None
+
+    def __post_init__(self):
+        names = [f.name for f in self.features]
+        if len(set(names)) != len(names):
+            raise DataError(f"feature names must be unique, got {names}.")
+        if self.label is not None and self.label not in names:
+            raise DataError(f"label {self.label!r} is not one of the features {names}.")
+        self.compression = normalize_compression(self.compression)
+
+    # -- structure ---------------------------------------------------------
+    @property
+    def feature_names(self) -> list:
+        return [f.name for f in self.features]
+
+    @property
+    def input_names(self) -> list:
+        """Names of the model inputs: every feature except the label."""
+        return [f.name for f in self.features if f.name != self.label]
+
+    def feature(self, name: str) -> FeatureSchema:
+        for f in self.features:
+            if f.name == name:
+                return f
+        raise DataError(f"no feature {name!r}; the schema has {self.feature_names}.")
+
+    def shard_records(self) -> dict:
+        return {s.file: s.num_records for s in self.shards}
+
+    # -- JSON ----------------------------------------------------------------
+    def to_json(self) -> dict:
+        return {
+            "format": SCHEMA_FORMAT,
+            "version": SCHEMA_VERSION,
+            "features": [f.to_json() for f in self.features],
+            "label": self.label,
+            "compression": self.compression,
+            "num_records": self.num_records,
+            "shards": [dataclasses.asdict(s) for s in self.shards],
+            "classes": self.classes,
+            "source": self.source,
+        }
+
+    @classmethod
+    def from_json(cls, obj: Mapping, *, path: str = "<schema>") -> "Schema":
+        if obj.get("format") != SCHEMA_FORMAT:
+            raise DataError(f"{path} is not a kerasfast schema (format={obj.get('format')!r}).")
+        if int(obj.get("version", 0)) > SCHEMA_VERSION:
+            raise DataError(
+                f"{path} has schema version {obj.get('version')}, newer than this kerasfast reads "
+                f"({SCHEMA_VERSION}); upgrade kerasfast."
+            )
+        try:
+            return cls(
+                features=[FeatureSchema.from_json(f) for f in obj["features"]],
+                label=obj.get("label"),
+                compression=obj.get("compression"),
+                num_records=obj.get("num_records"),
+                shards=[ShardInfo(**s) for s in obj.get("shards", [])],
+                classes=obj.get("classes"),
+                source=obj.get("source"),
+            )
+        except (KeyError, TypeError) as exc:
+            raise DataError(f"{path} is not a valid kerasfast schema ({exc}); re-run the conversion.") from exc
+
+    def save(self, path: str) -> None:
+        """Writes the schema atomically (temporary file, then rename)."""
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(self.to_json(), fh, indent=2)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str) -> "Schema":
+        try:
+            with open(path, encoding="utf-8") as fh:
+                obj = json.load(fh)
+        except FileNotFoundError as exc:
+            raise DataError(f"schema file {path} not found; write the data with kerasfast.data.write_tfrecords "
+                            f"or pass features=... to describe it.") from exc
+        except json.JSONDecodeError as exc:
+            raise DataError(f"schema file {path} is not valid JSON ({exc}); re-run the conversion.") from exc
+        return cls.from_json(obj, path=path)
+
+    # -- parsing -----------------------------------------------------------
+    def parse_spec(self) -> dict:
+        """The `tf.io.parse_example` feature spec for these features."""
+        import tensorflow as tf
+
+        spec = {}
+        for f in self.features:
+            if f.encoding == "int64":
+                spec[f.name] = tf.io.FixedLenFeature([], tf.int64)
+            elif f.encoding == "float":
+                spec[f.name] = tf.io.FixedLenFeature([], tf.float32)
+            else:
+                spec[f.name] = tf.io.FixedLenFeature([], tf.string)
+        return spec
+
+    def make_batch_decoder(self, image_size: Sequence[int] | None = None):
+        """Returns a function: batch of serialized Examples -> dict of decoded tensors.
+
+        Parsing a whole batch with one `tf.io.parse_example` call is what makes
+        the reader fast; per-record work is limited to image decoding.
+        """
+        import tensorflow as tf
+
+        spec = self.parse_spec()
+        decoders = {f.name: _feature_decoder(f, image_size) for f in self.features}
+
+        def decode(serialized):
+            parsed = tf.io.parse_example(serialized, spec)
+            return {name: decoders[name](parsed[name]) for name in self.feature_names}
+
+        return decode
+
+    def output_signature(self, image_size=None) -> dict:
+        """Per-record (unbatched) `tf.TensorSpec` of each decoded feature."""
+        import tensorflow as tf
+
+        out = {}
+        for f in self.features:
+            shape = f.shape
+            if f.is_image and image_size is not None:
+                shape = (int(image_size[0]), int(image_size[1]), shape[2])
+            out[f.name] = tf.TensorSpec(shape, tf.string if f.dtype == "string" else tf.as_dtype(f.dtype))
+        return out
+
+
+def _feature_decoder(f: FeatureSchema, image_size):
+    """Builds the batch decoder of one feature (input: parsed batch tensor)."""
+    import tensorflow as tf
+
+    if f.encoding in ("int64", "float"):
+        dtype = tf.as_dtype(f.dtype)
+        return lambda t: t if t.dtype == dtype else tf.cast(t, dtype)
+    if f.encoding == "bytes":
+        return lambda t: t
+    if f.encoding == "raw":
+        dtype = tf.as_dtype(f.dtype)
+        stored = tf.uint8 if f.dtype == "bool" else dtype
+        shape = [-1, *f.shape]
+
+        def decode_raw(t):
+            flat = tf.io.decode_raw(t, stored, little_endian=True)
+            out = tf.reshape(flat, shape)
+            return tf.cast(out, tf.bool) if f.dtype == "bool" else out
+
+        return decode_raw
+
+    # Images: decoding is per record, so it runs inside map_fn over the batch;
+    # the batch itself is decoded in parallel with other batches.
+    height, width, channels = f.shape
+    if image_size is not None:
+        height, width = int(image_size[0]), int(image_size[1])
+    if height is None or width is None:
+        raise DataError(
+            f"feature {f.name!r}: the images have different sizes, so they cannot be batched as they are; "
+            f"pass image_size=(height, width) to resize them while reading."
+        )
+
+    def decode_one(encoded):
+        if f.encoding == "png":
+            img = tf.io.decode_png(encoded, channels=channels)
+        elif f.encoding == "jpeg":
+            img = tf.io.decode_jpeg(encoded, channels=channels)
+        else:
+            img = tf.io.decode_image(encoded, channels=channels, expand_animations=False)
+        if image_size is not None:
+            img = tf.image.resize(img, (height, width), antialias=True)
+            img = tf.saturate_cast(tf.round(img), tf.uint8)
+        return tf.ensure_shape(img, (height, width, channels))
+
+    sig = tf.TensorSpec((height, width, channels), tf.uint8)
+    return lambda t: tf.map_fn(decode_one, t, fn_output_signature=sig)
+
+
+def schema_from_feature_spec(features: Mapping, label: str | None = None) -> Schema:
+    """Builds a Schema from a plain `{name: tf.io.FixedLenFeature}` spec.
+
+    This is the way to read TFRecords that another program wrote: the features
+    are parsed as they are (int64, float32 or string scalars or fixed-shape
+    lists), with no raw/image decoding.
+    """
+    import tensorflow as tf
+
+    feats = []
+    for name, conf in features.items():
+        if not isinstance(conf, tf.io.FixedLenFeature):
+            raise DataError(
+                f"feature {name!r}: only tf.io.FixedLenFeature is supported in features=, got "
+                f"{type(conf).__name__}; use a kerasfast Schema for raw or image features."
+            )
+        shape = tuple(int(d) for d in conf.shape)
+        dtype = conf.dtype.name
+        feats.append(_PassThroughFeature(name, dtype, shape, conf))
+    return _ExternalSchema(features=feats, label=label)
+
+
+class _PassThroughFeature(FeatureSchema):
+    """A feature described by a tf.io.FixedLenFeature (files written elsewhere)."""
+
+    def __init__(self, name, dtype, shape, conf):
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "encoding", "external")
+        object.__setattr__(self, "conf", conf)
+
+    def to_json(self):
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "encoding": "external"}
+
+
+class _ExternalSchema(Schema):
+    """Schema built from an explicit feature spec instead of a schema file."""
+
+    def parse_spec(self) -> dict:
+        return {f.name: f.conf for f in self.features}
+
+    def make_batch_decoder(self, image_size=None):
+        import tensorflow as tf
+
+        spec = self.parse_spec()
+        return lambda serialized: tf.io.parse_example(serialized, spec)
+
+    def output_signature(self, image_size=None) -> dict:
+        import tensorflow as tf
+
+        return {f.name: tf.TensorSpec(f.shape, tf.as_dtype(f.dtype)) for f in self.features}
+
+
+def numpy_dtype_name(dtype: Any) -> str:
+    return np.dtype(dtype).name

@@ -1,0 +1,550 @@
+"""The plan: every automatic decision of a training run, resolved once.
+
+`resolve_plan()` turns the hardware (`kerasfast.hardware`), facts about the
+model and data, and the user's overrides into a frozen `Plan`. Each field
+records what was chosen and why, and whether the user or kerasfast chose it.
+The plan is printed before training, saved as `plan.json` in the run folder,
+and nothing else in kerasfast makes a hidden choice of its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any
+
+from kerasfast.errors import PlanError
+from kerasfast.hardware import Hardware
+
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+LR_SCHEDULES = ("warmup_cosine", "one_cycle", "constant")
+# Keras 3.15 on TensorFlow only supports activation rematerialisation in
+# graph mode; "full", "larger_than" and "list_of_layers" fail (keras 21207).
+REMAT_MODES = ("activations",)
+UNSUPPORTED_REMAT_MODES = ("full", "larger_than", "list_of_layers")
+
+# Measured on the 2-core CI CPU with Keras 3.15 (see docs/benchmarks.md):
+# `model.fit` spends ~0.6 ms of Python and dispatch per execution, whatever
+# the model. Steps per execution amortise it.
+EXECUTION_OVERHEAD_S = 6e-4
+# Aim for the per-execution overhead to cost at most this share of the time.
+OVERHEAD_BUDGET = 0.05
+MAX_STEPS_PER_EXECUTION = 64
+DEFAULT_BATCH_SIZE = 32
+DEFAULT_LEARNING_RATE = 1e-3
+WARMUP_FRACTION = 0.05
+FIELD_ORDER = (
+    "strategy", "num_replicas", "precision", "jit_compile", "steps_per_execution",
+    "global_batch_size", "per_replica_batch_size", "grad_accum_steps",
+    "effective_batch_size", "clipnorm", "remat", "optimizer", "learning_rate",
+    "lr_schedule", "warmup_steps", "total_steps", "intra_op_threads",
+    "inter_op_threads",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What a training run will do, with a reason for every choice.
+
+    Attributes:
+        strategy: "none" (one device) or the tf.distribute strategy's name.
+        num_replicas: Devices that each process a share of the global batch.
+        precision: Keras dtype policy name.
+        jit_compile: Whether the train step is compiled with XLA.
+        steps_per_execution: Train steps run per call into the compiled graph.
+        global_batch_size: Samples per step over all replicas.
+        per_replica_batch_size: Samples per step on each replica.
+        grad_accum_steps: Steps whose gradients are summed before an update.
+        effective_batch_size: Samples per optimizer update.
+        clipnorm: Global gradient-norm clipping threshold, or None.
+        remat: Rematerialisation mode ("activations") or None.
+        optimizer: Name of the optimizer class used.
+        learning_rate: Peak learning rate when kerasfast sets it, else None.
+        lr_schedule: "warmup_cosine", "one_cycle", "constant" or "optimizer's own".
+        warmup_steps: Warm-up steps of the schedule, or None.
+        total_steps: Optimizer updates the schedule spans (train steps divided
+            by `grad_accum_steps`), or None when unknown.
+        intra_op_threads: TensorFlow threads inside one op (0 = TF default).
+        inter_op_threads: TensorFlow ops run at once (0 = TF default).
+        reasons: Field name -> why that value was chosen.
+        overridden: Field names the user set explicitly.
+    """
+
+    strategy: str
+    num_replicas: int
+    precision: str
+    jit_compile: bool
+    steps_per_execution: int
+    global_batch_size: int | None
+    per_replica_batch_size: int | None
+    grad_accum_steps: int
+    effective_batch_size: int | None
+    clipnorm: float | None
+    remat: str | None
+    optimizer: str
+    learning_rate: float | None
+    lr_schedule: str
+    warmup_steps: int | None
+    total_steps: int | None
+    intra_op_threads: int
+    inter_op_threads: int
+    reasons: dict[str, str] = dataclasses.field(default_factory=dict)
+    overridden: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as JSON-ready data: `{"fields": {name: {value, reason, source}}}`."""
+        return {
+            "fields": {
+                name: {
+                    "value": getattr(self, name),
+                    "reason": self.reasons.get(name, ""),
+                    "source": "user" if name in self.overridden else "auto",
+                }
+                for name in FIELD_ORDER
+            }
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=str)
+
+    def rows(self) -> list[tuple[str, str, str]]:
+        """(field, value, reason) rows in a stable order, for printing."""
+        rows = []
+        for name in FIELD_ORDER:
+            value = getattr(self, name)
+            source = " (yours)" if name in self.overridden else ""
+            shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+            rows.append((name, f"{shown}{source}", self.reasons.get(name, "")))
+        return rows
+
+    def __str__(self) -> str:
+        width = max(len(name) for name in FIELD_ORDER)
+        lines = ["kerasfast plan"]
+        for name, value, reason in self.rows():
+            lines.append(f"  {name:<{width}}  {value:<16}  {reason}")
+        return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFacts:
+    """What the plan needs to know about the model.
+
+    Attributes:
+        layers_without_jit: Names of layers that declare `supports_jit=False`.
+        forward_flops_per_sample: FLOPs of one sample's forward pass, or None.
+        user_optimizer: Class name of the optimizer the user gave (or compiled
+            with), None when kerasfast picks it.
+        user_learning_rate: The user optimizer's learning rate if constant.
+    """
+
+    layers_without_jit: tuple[str, ...] = ()
+    forward_flops_per_sample: int | None = None
+    user_optimizer: str | None = None
+    user_learning_rate: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DataFacts:
+    """What the plan needs to know about the data.
+
+    Attributes:
+        batch_size: Batch size fixed by the data (an already batched
+            tf.data.Dataset), or None when kerasfast batches it.
+        num_samples: Samples per epoch, when known.
+        steps_per_epoch: Steps per epoch, when known.
+    """
+
+    batch_size: int | None = None
+    num_samples: int | None = None
+    steps_per_epoch: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFacts:
+    """Facts about the process the plan must respect.
+
+    Attributes:
+        epochs: Planned epochs.
+        tf_runtime_started: Whether TensorFlow's runtime is already running
+            (thread pools can then no longer be resized).
+        current_intra_op_threads: TF's current setting (0 = TF default).
+        current_inter_op_threads: TF's current setting (0 = TF default).
+        op_determinism: Whether TF op determinism is enabled (XLA is then off).
+        user_batch_callbacks: Names of user callbacks with per-batch hooks.
+        peak_flops: Measured peak FLOP/s in the chosen precision, if known.
+    """
+
+    epochs: int = 1
+    tf_runtime_started: bool = True
+    current_intra_op_threads: int = 0
+    current_inter_op_threads: int = 0
+    op_determinism: bool = False
+    user_batch_callbacks: tuple[str, ...] = ()
+    peak_flops: float | None = None
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def resolve_precision(hardware: Hardware, requested: str = "auto") -> tuple[str, str]:
+    """Chooses the dtype policy for `hardware`.
+
+    Args:
+        hardware: The machine.
+        requested: "auto" or one of `PRECISIONS`.
+
+    Returns:
+        `(policy_name, reason)`.
+
+    Example:
+
+    >>> resolve_precision(Hardware(cpu_flags=("avx512_bf16",)))[0]
+    'mixed_bfloat16'
+    """
+    if requested != "auto":
+        if requested not in PRECISIONS:
+            raise PlanError(
+                f"precision={requested!r} is not known: use 'auto' or one of {', '.join(PRECISIONS)}."
+            )
+        if requested == "mixed_float16" and hardware.accelerator == "cpu":
+            return requested, "requested; note: float16 is emulated on CPUs (measured ~4x slower than float32)"
+        return requested, "requested"
+    if hardware.accelerator == "tpu":
+        return "mixed_bfloat16", "TPU: bfloat16 is native"
+    if hardware.accelerator == "gpu":
+        capabilities = [g.compute_capability for g in hardware.gpus if g.compute_capability]
+        if capabilities:
+            lowest = min(capabilities)
+            if lowest >= (8, 0):
+                return "mixed_bfloat16", f"GPU compute capability {lowest[0]}.{lowest[1]} >= 8.0 has bf16 tensor cores"
+            if lowest >= (7, 0):
+                return "mixed_float16", f"GPU compute capability {lowest[0]}.{lowest[1]} has fp16 tensor cores but no bf16"
+            return "float32", f"GPU compute capability {lowest[0]}.{lowest[1]} < 7.0 has no fast low precision"
+        return "float32", "GPU compute capability unknown: staying safe"
+    if hardware.cpu_has_bf16:
+        flags = "/".join(f.upper() for f in hardware.cpu_flags if f in ("avx512_bf16", "amx_bf16"))
+        return "mixed_bfloat16", f"CPU has {flags} (measured 2x float32 on a small convnet)"
+    return "float32", "CPU has no AVX512_BF16/AMX; never mixed_float16 on a CPU (measured 4x slower)"
+
+
+def _resolve_jit(requested, hardware, model: ModelFacts, run: RunFacts, remat, num_replicas) -> tuple[bool, str]:
+    blockers = []
+    if model.layers_without_jit:
+        blockers.append(f"layer(s) {', '.join(model.layers_without_jit)} do not support XLA")
+    if run.op_determinism:
+        blockers.append("TF op determinism is enabled (XLA has no deterministic kernels for some ops)")
+    if requested == "auto":
+        if blockers:
+            return False, "off: " + "; ".join(blockers)
+        if num_replicas > 1:
+            return False, "off: XLA across several replicas is not enabled automatically"
+        if hardware.accelerator in ("gpu", "tpu"):
+            return True, f"on: single {hardware.accelerator.upper()} device, XLA fuses ops"
+        return False, "off: XLA measured no faster than the default kernels on this CPU (noisy 0.7-1.2x)"
+    if not isinstance(requested, bool):
+        raise PlanError(f"jit_compile={requested!r} is not valid: use 'auto', True or False.")
+    if requested and blockers:
+        raise PlanError(
+            "jit_compile=True cannot work here: " + "; ".join(blockers)
+            + ". Use jit_compile=False (or 'auto'), or remove the layers that do not support XLA."
+        )
+    return requested, "requested"
+
+
+def _resolve_steps_per_execution(requested, data: DataFacts, model: ModelFacts, run: RunFacts, batch_size) -> tuple[int, str]:
+    if requested != "auto":
+        if not _is_int(requested) or requested < 1:
+            raise PlanError(f"steps_per_execution={requested!r} is not valid: use 'auto' or an integer >= 1.")
+        return requested, "requested"
+    if run.user_batch_callbacks:
+        return 1, (
+            f"1: callback(s) {', '.join(run.user_batch_callbacks)} have per-batch hooks, "
+            "which Keras would call only once per execution"
+        )
+    cap = MAX_STEPS_PER_EXECUTION
+    if data.steps_per_epoch:
+        cap = max(1, min(cap, data.steps_per_epoch))
+    flops = model.forward_flops_per_sample
+    if flops and run.peak_flops and batch_size:
+        from kerasfast.costs import TRAIN_STEP_FLOPS_PER_FORWARD
+
+        step_s = TRAIN_STEP_FLOPS_PER_FORWARD * flops * batch_size / run.peak_flops
+        wanted = math.ceil(EXECUTION_OVERHEAD_S / (OVERHEAD_BUDGET * max(step_s, 1e-9)))
+        chosen = max(1, min(cap, wanted))
+        return chosen, (
+            f"{chosen}: a step is ~{step_s * 1e3:.3f} ms of math "
+            f"({TRAIN_STEP_FLOPS_PER_FORWARD * flops * batch_size / 1e6:.1f} MFLOP at "
+            f"{run.peak_flops / 1e9:.0f} GFLOP/s); per-execution overhead ~{EXECUTION_OVERHEAD_S * 1e3:.1f} ms "
+            f"should stay under {OVERHEAD_BUDGET:.0%} (capped at {cap})"
+        )
+    chosen = min(cap, 16)
+    return chosen, f"{chosen}: step cost unknown, amortises ~{EXECUTION_OVERHEAD_S * 1e3:.1f} ms overhead per execution"
+
+
+def _resolve_threads(requested_intra, requested_inter, hardware: Hardware, run: RunFacts):
+    cores = hardware.cpu_cores
+    wanted = {"intra_op_threads": cores, "inter_op_threads": min(2, cores)}
+    requested = {"intra_op_threads": requested_intra, "inter_op_threads": requested_inter}
+    values, reasons = {}, {}
+    for name, value in requested.items():
+        if value != "auto" and (not _is_int(value) or value < 0):
+            raise PlanError(f"{name}={value!r} is not valid: use 'auto' or an integer >= 0 (0 = TensorFlow's default).")
+    if run.tf_runtime_started:
+        for name, value in requested.items():
+            current = run.current_intra_op_threads if name.startswith("intra") else run.current_inter_op_threads
+            if value != "auto" and value != current:
+                raise PlanError(
+                    f"{name}={value} cannot be applied: TensorFlow's runtime has already started. Call "
+                    f"kerasfast.configure_threads({name}={value}) at the top of your script, before any "
+                    "model or tensor is created."
+                )
+            values[name] = current
+            reasons[name] = (
+                "kept: TensorFlow already started (call kerasfast.configure_threads() first to tune)"
+            )
+        return values, reasons
+    for name, value in requested.items():
+        if value == "auto":
+            values[name] = wanted[name]
+            reasons[name] = (
+                f"{cores} usable cores: every op may use all of them"
+                if name.startswith("intra")
+                else "2 ops at once overlap small ops without oversubscribing the cores"
+            )
+        else:
+            values[name] = value
+            reasons[name] = "requested"
+    return values, reasons
+
+
+def resolve_plan(
+    hardware: Hardware,
+    *,
+    model: ModelFacts = ModelFacts(),
+    data: DataFacts = DataFacts(),
+    run: RunFacts = RunFacts(),
+    precision="auto",
+    jit_compile="auto",
+    steps_per_execution="auto",
+    batch_size=None,
+    grad_accum_steps=1,
+    clipnorm=None,
+    remat=None,
+    learning_rate=None,
+    lr_schedule="auto",
+    warmup_steps="auto",
+    intra_op_threads="auto",
+    inter_op_threads="auto",
+    num_replicas: int = 1,
+    strategy_name: str = "none",
+    strategy_reason: str = "one device",
+) -> Plan:
+    """Resolves every automatic choice of a run into a `Plan`.
+
+    Args:
+        hardware: From `kerasfast.hardware.detect_hardware()`.
+        model: Facts about the model (`ModelFacts`).
+        data: Facts about the data (`DataFacts`).
+        run: Facts about the process (`RunFacts`).
+        precision, jit_compile, steps_per_execution, batch_size,
+        grad_accum_steps, clipnorm, remat, learning_rate, lr_schedule,
+        warmup_steps, intra_op_threads, inter_op_threads: The user's
+            overrides, as accepted by `kerasfast.fit`; "auto"/None keep
+            kerasfast's choice.
+        num_replicas, strategy_name, strategy_reason: The distribution set-up.
+
+    Returns:
+        A frozen `Plan`.
+
+    Raises:
+        PlanError: For an unknown value or a combination that cannot work,
+            before anything is trained.
+
+    Example:
+
+    >>> plan = resolve_plan(detect_hardware(), batch_size=64)
+    >>> plan.global_batch_size
+    64
+    """
+    reasons: dict[str, str] = {}
+    overridden = []
+
+    def user_set(name, value, default):
+        if value != default:
+            overridden.append(name)
+
+    user_set("precision", precision, "auto")
+    user_set("jit_compile", jit_compile, "auto")
+    user_set("steps_per_execution", steps_per_execution, "auto")
+    user_set("global_batch_size", batch_size, None)
+    user_set("grad_accum_steps", grad_accum_steps, 1)
+    user_set("clipnorm", clipnorm, None)
+    user_set("remat", remat, None)
+    user_set("learning_rate", learning_rate, None)
+    user_set("lr_schedule", lr_schedule, "auto")
+    user_set("warmup_steps", warmup_steps, "auto")
+    user_set("intra_op_threads", intra_op_threads, "auto")
+    user_set("inter_op_threads", inter_op_threads, "auto")
+
+    reasons["strategy"] = strategy_reason
+    reasons["num_replicas"] = f"{num_replicas} device(s) share each global batch"
+
+    chosen_precision, reasons["precision"] = resolve_precision(hardware, precision)
+
+    # Remat before jit: both change how the step is compiled.
+    if remat in (None, False):
+        chosen_remat, reasons["remat"] = None, "off: not requested (costs ~30% more compute to save memory)"
+    elif remat is True or remat in REMAT_MODES:
+        chosen_remat = "activations"
+        reasons["remat"] = "activations: recompute activation layers in the backward pass to save memory"
+    elif remat in UNSUPPORTED_REMAT_MODES:
+        raise PlanError(
+            f"remat={remat!r} does not work with Keras 3.15 on TensorFlow (keras issue 21207: it fails in "
+            "graph mode). Use remat='activations' (or True), or split the model into smaller pieces."
+        )
+    else:
+        raise PlanError(f"remat={remat!r} is not known: use None, True or 'activations'.")
+
+    chosen_jit, reasons["jit_compile"] = _resolve_jit(jit_compile, hardware, model, run, chosen_remat, num_replicas)
+
+    if not _is_int(grad_accum_steps) or grad_accum_steps < 1:
+        raise PlanError(
+            f"grad_accum_steps={grad_accum_steps!r} is not valid: use an integer >= 1 (1 = update every step)."
+        )
+    reasons["grad_accum_steps"] = (
+        "1: update every step" if grad_accum_steps == 1
+        else f"{grad_accum_steps}: gradients of {grad_accum_steps} steps are averaged into one update"
+    )
+
+    if batch_size is not None and (not _is_int(batch_size) or batch_size < 1):
+        raise PlanError(f"batch_size={batch_size!r} is not valid: use a positive integer.")
+    if data.batch_size is not None:
+        if batch_size is not None and batch_size != data.batch_size:
+            raise PlanError(
+                f"batch_size={batch_size} but the dataset is already batched by {data.batch_size}: "
+                "drop batch_size= or re-batch the dataset (dataset.unbatch().batch(N))."
+            )
+        global_batch = data.batch_size
+        reasons["global_batch_size"] = f"{global_batch}: set by the dataset"
+    elif batch_size is not None:
+        global_batch = batch_size
+        reasons["global_batch_size"] = "requested"
+    else:
+        global_batch = DEFAULT_BATCH_SIZE
+        reasons["global_batch_size"] = f"{global_batch}: Keras's default (pass batch_size= to change)"
+    if global_batch % num_replicas:
+        raise PlanError(
+            f"global batch size {global_batch} does not divide over {num_replicas} replicas: "
+            f"use a multiple of {num_replicas}."
+        )
+    per_replica = global_batch // num_replicas
+    reasons["per_replica_batch_size"] = f"{global_batch} / {num_replicas} replica(s)"
+    effective = global_batch * grad_accum_steps
+    reasons["effective_batch_size"] = f"{global_batch} x {grad_accum_steps} accumulated step(s) per update"
+
+    steps_per_epoch = data.steps_per_epoch
+    if steps_per_epoch is None and data.num_samples:
+        steps_per_epoch = math.ceil(data.num_samples / global_batch)
+    data = dataclasses.replace(data, steps_per_epoch=steps_per_epoch)
+    spe, reasons["steps_per_execution"] = _resolve_steps_per_execution(
+        steps_per_execution, data, model, run, per_replica
+    )
+
+    if clipnorm is not None and (isinstance(clipnorm, bool) or not isinstance(clipnorm, (int, float)) or clipnorm <= 0):
+        raise PlanError(f"clipnorm={clipnorm!r} is not valid: use a positive number or None.")
+    reasons["clipnorm"] = (
+        "off: not requested" if clipnorm is None else f"global gradient norm clipped to {clipnorm}"
+    )
+
+    if lr_schedule != "auto" and lr_schedule not in LR_SCHEDULES:
+        raise PlanError(f"lr_schedule={lr_schedule!r} is not known: use 'auto' or one of {', '.join(LR_SCHEDULES)}.")
+    if learning_rate is not None and (isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)) or learning_rate <= 0):
+        raise PlanError(f"learning_rate={learning_rate!r} is not valid: use a positive number.")
+
+    # Keras counts optimizer iterations in updates: with accumulation, one
+    # update per `grad_accum_steps` train steps. Schedules span updates.
+    total_steps = max(1, steps_per_epoch * run.epochs // grad_accum_steps) if steps_per_epoch else None
+    if model.user_optimizer:
+        optimizer_name = model.user_optimizer
+        reasons["optimizer"] = "yours"
+        peak_lr = learning_rate if learning_rate is not None else model.user_learning_rate
+        schedule = "optimizer's own" if lr_schedule == "auto" else lr_schedule
+        if schedule != "optimizer's own" and peak_lr is None:
+            raise PlanError(
+                f"lr_schedule={lr_schedule!r} needs a peak learning rate, but your optimizer's learning rate is "
+                "already a schedule: pass learning_rate= or drop lr_schedule=."
+            )
+        reasons["lr_schedule"] = (
+            "your optimizer's learning rate is used as is" if schedule == "optimizer's own" else "requested"
+        )
+    else:
+        optimizer_name = "AdamW"
+        reasons["optimizer"] = "kerasfast default: AdamW (decoupled weight decay)"
+        peak_lr = learning_rate if learning_rate is not None else DEFAULT_LEARNING_RATE
+        if lr_schedule == "auto":
+            schedule = "warmup_cosine" if total_steps else "constant"
+            reasons["lr_schedule"] = (
+                "linear warm-up then cosine decay over the whole run" if total_steps
+                else "constant: the run's length is unknown (infinite dataset without steps_per_epoch)"
+            )
+        else:
+            schedule = lr_schedule
+            reasons["lr_schedule"] = "requested"
+    if schedule in ("warmup_cosine", "one_cycle") and not total_steps:
+        raise PlanError(
+            f"lr_schedule={schedule!r} needs the run's length, which is unknown here: pass steps_per_epoch= "
+            "or use lr_schedule='constant'."
+        )
+    if schedule == "one_cycle" and total_steps < 2:
+        raise PlanError("lr_schedule='one_cycle' needs at least 2 optimizer updates: train longer or use 'constant'.")
+    reasons["learning_rate"] = (
+        "n/a: set by your optimizer" if peak_lr is None
+        else ("requested" if learning_rate is not None else
+              ("your optimizer's" if model.user_optimizer else f"{DEFAULT_LEARNING_RATE}: AdamW default peak"))
+    )
+    if schedule == "warmup_cosine":
+        if warmup_steps == "auto":
+            chosen_warmup = min(max(1, int(total_steps * WARMUP_FRACTION)), total_steps - 1)
+            reasons["warmup_steps"] = f"{WARMUP_FRACTION:.0%} of {total_steps} steps"
+        else:
+            if not _is_int(warmup_steps) or not 0 <= warmup_steps < total_steps:
+                raise PlanError(f"warmup_steps={warmup_steps!r} is not valid: use an integer in [0, {total_steps}).")
+            chosen_warmup = warmup_steps
+            reasons["warmup_steps"] = "requested"
+    else:
+        if warmup_steps != "auto":
+            raise PlanError(f"warmup_steps= only applies to lr_schedule='warmup_cosine', not {schedule!r}.")
+        chosen_warmup = None
+        reasons["warmup_steps"] = "n/a" if schedule != "one_cycle" else "one-cycle warms up over its first 30%"
+    reasons["total_steps"] = (
+        f"optimizer updates: {run.epochs} epoch(s) x {steps_per_epoch} steps / {grad_accum_steps} accumulated"
+        if total_steps else "unknown"
+    )
+
+    threads, thread_reasons = _resolve_threads(intra_op_threads, inter_op_threads, hardware, run)
+    reasons.update(thread_reasons)
+
+    return Plan(
+        strategy=strategy_name,
+        num_replicas=num_replicas,
+        precision=chosen_precision,
+        jit_compile=chosen_jit,
+        steps_per_execution=spe,
+        global_batch_size=global_batch,
+        per_replica_batch_size=per_replica,
+        grad_accum_steps=grad_accum_steps,
+        effective_batch_size=effective,
+        clipnorm=clipnorm,
+        remat=chosen_remat,
+        optimizer=optimizer_name,
+        learning_rate=peak_lr,
+        lr_schedule=schedule,
+        warmup_steps=chosen_warmup,
+        total_steps=total_steps,
+        intra_op_threads=threads["intra_op_threads"],
+        inter_op_threads=threads["inter_op_threads"],
+        reasons=reasons,
+        overridden=tuple(overridden),
+    )

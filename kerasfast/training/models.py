@@ -1,0 +1,215 @@
+"""Getting a model that computes in the planned precision.
+
+A Keras dtype policy (and a `keras.RematScope`) only affects layers created
+while it is active, so a model built under another policy has to be rebuilt.
+`prepare_model()` decides whether the user's model can be trained as it is,
+or clones it under the plan's policy, carries its weights across, and keeps
+the output layers in float32 so that outputs and loss stay in float32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import keras
+
+from kerasfast.errors import ModelError
+
+FLOAT_POLICIES = ("float32", "float16", "bfloat16", "float64", "mixed_float16", "mixed_bfloat16")
+
+
+@contextlib.contextmanager
+def build_scope(policy: str, remat: str | None = None):
+    """Creates layers under `policy` (and `remat`), restoring the global policy after.
+
+    Args:
+        policy: A Keras dtype policy name, e.g. "mixed_bfloat16".
+        remat: A `keras.RematScope` mode, or None.
+
+    Example:
+
+    >>> with build_scope("mixed_bfloat16"):
+    ...     layer = keras.layers.Dense(4)
+    >>> layer.compute_dtype
+    'bfloat16'
+    """
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(policy)
+    try:
+        with keras.RematScope(mode=remat) if remat else contextlib.nullcontext():
+            yield
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
+def _weighted_layers(model) -> list:
+    return [layer for layer in model._flatten_layers(include_self=False) if layer.weights]
+
+
+def _remat_mode(layer) -> str | None:
+    mode = getattr(layer, "_remat_mode", None)
+    return getattr(mode, "mode", None)
+
+
+def computes_in(model, policy: str, remat: str | None = None) -> bool:
+    """Whether `model` was built under `policy` (and `remat`), so it can train as is.
+
+    A model counts as built under a mixed policy when any weighted layer uses
+    it (output layers are often deliberately kept in float32), and as float32
+    when every weighted layer is float32.
+    """
+    layers = _weighted_layers(model)
+    if not layers:
+        return keras.config.dtype_policy().name == policy and not remat
+    names = {layer.dtype_policy.name for layer in layers}
+    if policy == "float32":
+        dtype_ok = names == {"float32"}
+    else:
+        dtype_ok = policy in names
+    remat_ok = not remat or all(_remat_mode(layer) == remat for layer in layers)
+    return dtype_ok and remat_ok
+
+
+def _output_layer_names(model) -> set[str]:
+    if isinstance(model, keras.Sequential):
+        return {model.layers[-1].name} if model.layers else set()
+    outputs = getattr(model, "outputs", None) or []
+    names = set()
+    for tensor in keras.tree.flatten(outputs):
+        history = getattr(tensor, "_keras_history", None)
+        if history is not None:
+            names.add(history.operation.name)
+    return names
+
+
+def _is_graph_model(model) -> bool:
+    """Sequential and functional models have a config made of their layers."""
+    return isinstance(model, keras.Sequential) or getattr(model, "_is_graph_network", False) or \
+        type(model).__name__ == "Functional"
+
+
+def clone_under(model, policy: str, remat: str | None = None):
+    """Rebuilds `model` with every float layer under `policy`; output layers stay float32.
+
+    Args:
+        model: A Keras model (Sequential, functional or subclassed with
+            `get_config`).
+        policy: The dtype policy the clone's layers compute in.
+        remat: Optional `keras.RematScope` mode for the clone's layers.
+
+    Returns:
+        A new, unbuilt-or-built model with fresh weights (copy them across
+        with `copy_weights`).
+
+    Raises:
+        ModelError: For a subclassed model that cannot be rebuilt from its
+            config: pass a builder callable instead.
+    """
+    mixed = policy.startswith("mixed_")
+    keep_float32 = _output_layer_names(model) if mixed else set()
+
+    def clone_layer(layer):
+        config = layer.get_config()
+        current = getattr(layer, "dtype_policy", None)
+        if current is not None and current.name in FLOAT_POLICIES:
+            config["dtype"] = "float32" if layer.name in keep_float32 else policy
+        return layer.__class__.from_config(config)
+
+    with build_scope(policy, remat):
+        if _is_graph_model(model):
+            return keras.models.clone_model(model, clone_function=clone_layer, recursive=True)
+        try:
+            return model.__class__.from_config(model.get_config())
+        except Exception as error:  # noqa: BLE001 - any failure means "cannot clone"
+            raise ModelError(
+                f"kerasfast needs to rebuild model {model.name!r} ({type(model).__name__}) under the "
+                f"'{policy}' dtype policy{' with rematerialisation' if remat else ''}, but this subclassed model "
+                f"cannot be re-created from its config ({type(error).__name__}: {error}). Pass a zero-argument "
+                "function that builds the model instead, e.g. kerasfast.fit(lambda: MyModel(...), data), or "
+                "implement get_config()."
+            ) from error
+
+
+def copy_weights(source, target) -> None:
+    """Copies every weight (trainable and not) from `source` to `target`.
+
+    Raises:
+        ModelError: When the two models do not hold the same weights.
+    """
+    source_weights = source.weights
+    target_weights = target.weights
+    if len(source_weights) != len(target_weights):
+        raise ModelError(
+            f"cannot carry weights from {source.name!r} to its rebuilt copy: {len(source_weights)} vs "
+            f"{len(target_weights)} weights. Pass a builder callable to kerasfast.fit instead."
+        )
+    for src, dst in zip(source_weights, target_weights):
+        if tuple(src.shape) != tuple(dst.shape):
+            raise ModelError(
+                f"cannot carry weight {src.path} {tuple(src.shape)} to {dst.path} {tuple(dst.shape)}: the rebuilt "
+                "model differs. Pass a builder callable to kerasfast.fit instead."
+            )
+        dst.assign(keras.ops.cast(src.value, dst.dtype))
+
+
+@dataclasses.dataclass
+class PreparedModel:
+    """The model `fit` trains, and how it relates to the user's.
+
+    Attributes:
+        train_model: The model that is compiled and trained.
+        user_model: The user's model (None when a builder was given).
+        rebuilt: Whether `train_model` is a rebuilt copy whose weights must be
+            copied back into `user_model` after training.
+        how: One line saying what was done, for the plan.
+    """
+
+    train_model: object
+    user_model: object | None
+    rebuilt: bool
+    how: str
+
+
+def prepare_model(model_or_builder, policy: str, remat: str | None, sample_inputs) -> PreparedModel:
+    """Returns a model computing in `policy`, cloning the user's when needed.
+
+    Args:
+        model_or_builder: A Keras model or a zero-argument callable that
+            returns one (called under the policy, so it is built right).
+        policy: Dtype policy name from the plan.
+        remat: Rematerialisation mode from the plan, or None.
+        sample_inputs: One batch of inputs, used to build unbuilt models.
+
+    Returns:
+        A `PreparedModel`.
+    """
+    if isinstance(model_or_builder, keras.Model):
+        model = model_or_builder
+        _ensure_built(model, sample_inputs)
+        if computes_in(model, policy, remat):
+            return PreparedModel(model, model, False, f"trained in place: already built under {policy}")
+        clone = clone_under(model, policy, remat)
+        _ensure_built(clone, sample_inputs)
+        copy_weights(model, clone)
+        return PreparedModel(clone, model, True, f"rebuilt under {policy}, weights carried across and back")
+    if callable(model_or_builder):
+        with build_scope(policy, remat):
+            model = model_or_builder()
+        if not isinstance(model, keras.Model):
+            raise ModelError(
+                f"the model builder returned {type(model).__name__}, not a keras.Model: make it return the model."
+            )
+        _ensure_built(model, sample_inputs)
+        return PreparedModel(model, None, False, f"built by your function under {policy}")
+    raise ModelError(
+        f"model must be a keras.Model or a zero-argument function that builds one, not {type(model_or_builder).__name__}."
+    )
+
+
+def _ensure_built(model, sample_inputs) -> None:
+    if model.built and getattr(model, "inputs", None) is not None:
+        return
+    if model.built and not _is_graph_model(model):
+        return
+    model(sample_inputs, training=False)

@@ -1,0 +1,103 @@
+"""Learning-rate schedules: linear warm-up + cosine decay, and one-cycle.
+
+Both are ordinary `keras.optimizers.schedules.LearningRateSchedule`s, so
+they work with any Keras optimizer and save with the model. Warm-up + cosine
+is Keras's own `CosineDecay` with a warm-up target; one-cycle (Smith &
+Topin, 2018), which Keras lacks, is a small serialisable schedule here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+from keras import ops
+
+
+def warmup_cosine(peak_learning_rate: float, total_steps: int, warmup_steps: int, *, final_fraction: float = 0.0):
+    """Linear warm-up from 0 to `peak_learning_rate`, then cosine decay.
+
+    Args:
+        peak_learning_rate: Learning rate reached at the end of warm-up.
+        total_steps: Steps the whole schedule spans (warm-up included).
+        warmup_steps: Steps of the linear warm-up.
+        final_fraction: Learning rate at the end, as a fraction of the peak.
+
+    Returns:
+        A `keras.optimizers.schedules.CosineDecay`.
+
+    Example:
+
+    >>> schedule = warmup_cosine(1e-3, total_steps=1000, warmup_steps=50)
+    >>> float(schedule(50))
+    0.001
+    """
+    if not 0 <= warmup_steps < total_steps:
+        raise ValueError(f"warmup_steps={warmup_steps} must be in [0, total_steps={total_steps}).")
+    return keras.optimizers.schedules.CosineDecay(
+        initial_learning_rate=0.0,
+        decay_steps=total_steps - warmup_steps,
+        alpha=final_fraction,
+        warmup_target=peak_learning_rate,
+        warmup_steps=warmup_steps,
+    )
+
+
+@keras.saving.register_keras_serializable(package="kerasfast")
+class OneCycle(keras.optimizers.schedules.LearningRateSchedule):
+    """One-cycle learning rate: cosine rise to a peak, then cosine fall.
+
+    Starts at `peak_learning_rate / div_factor`, rises over the first
+    `pct_start` of `total_steps` to the peak, then anneals to
+    `peak_learning_rate / final_div_factor`. Steps past the end hold the final
+    value.
+
+    Args:
+        peak_learning_rate: The highest learning rate.
+        total_steps: Steps the cycle spans.
+        pct_start: Fraction of the steps spent rising.
+        div_factor: Start value is `peak / div_factor`.
+        final_div_factor: End value is `peak / final_div_factor`.
+
+    Example:
+
+    >>> schedule = OneCycle(0.1, total_steps=100)
+    >>> round(float(schedule(30)), 6)
+    0.1
+    """
+
+    def __init__(self, peak_learning_rate, total_steps, pct_start=0.3, div_factor=25.0, final_div_factor=1e4):
+        if total_steps < 2:
+            raise ValueError(f"total_steps={total_steps} must be >= 2 for a one-cycle schedule.")
+        if not 0 < pct_start < 1:
+            raise ValueError(f"pct_start={pct_start} must be in (0, 1).")
+        self.peak_learning_rate = float(peak_learning_rate)
+        self.total_steps = int(total_steps)
+        self.pct_start = float(pct_start)
+        self.div_factor = float(div_factor)
+        self.final_div_factor = float(final_div_factor)
+
+    def __call__(self, step):
+        step = ops.cast(step, "float32")
+        peak = self.peak_learning_rate
+        start = peak / self.div_factor
+        end = peak / self.final_div_factor
+        rise_steps = max(1.0, math.floor(self.pct_start * self.total_steps))
+        fall_steps = max(1.0, self.total_steps - rise_steps)
+
+        def cosine(begin, finish, fraction):
+            fraction = ops.clip(fraction, 0.0, 1.0)
+            return finish + (begin - finish) * 0.5 * (1.0 + ops.cos(math.pi * fraction))
+
+        rising = cosine(start, peak, step / rise_steps)
+        falling = cosine(peak, end, (step - rise_steps) / fall_steps)
+        return ops.where(step < rise_steps, rising, falling)
+
+    def get_config(self):
+        return {
+            "peak_learning_rate": self.peak_learning_rate,
+            "total_steps": self.total_steps,
+            "pct_start": self.pct_start,
+            "div_factor": self.div_factor,
+            "final_div_factor": self.final_div_factor,
+        }

@@ -1,0 +1,111 @@
+"""Measuring training speed from inside `fit`.
+
+`ThroughputMeter` is a Keras callback that times training executions. The
+first execution of a run includes tracing and compilation, so it is reported
+apart (`first_execution_s`) and left out of the steady-state rates.
+Validation time is excluded: the clock stops at the last training batch of
+each epoch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import keras
+
+
+@dataclasses.dataclass(frozen=True)
+class Throughput:
+    """Steady-state training speed.
+
+    Attributes:
+        samples_per_second: Training samples per second after the first
+            execution (None if the run was too short to tell).
+        steps_per_second: Training steps per second, same window.
+        first_execution_s: Seconds of the first execution (tracing +
+            compilation + its steps).
+        measured_steps: Steps in the steady-state window.
+        measured_seconds: Seconds in the steady-state window.
+    """
+
+    samples_per_second: float | None
+    steps_per_second: float | None
+    first_execution_s: float | None
+    measured_steps: int
+    measured_seconds: float
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class ThroughputMeter(keras.callbacks.Callback):
+    """Times training batches; read `.result()` after `fit`.
+
+    Args:
+        samples_in_steps: `f(first_step, last_step)` giving the number of
+            samples in that inclusive range of steps within an epoch.
+
+    Example:
+
+    >>> meter = ThroughputMeter(lambda a, b: (b - a + 1) * 32)
+    >>> model.fit(x, y, batch_size=32, callbacks=[meter])
+    >>> meter.result().samples_per_second
+    """
+
+    def __init__(self, samples_in_steps):
+        super().__init__()
+        self._samples_in_steps = samples_in_steps
+        self._first_execution_s = None
+        self._steps = 0
+        self._samples = 0
+        self._seconds = 0.0
+        self._last_end = None
+        self._last_step = -1
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._last_end = None
+        self._last_step = -1
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._last_end is None:
+            self._last_end = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        now = time.perf_counter()
+        first, last = self._last_step + 1, batch
+        if self._first_execution_s is None:
+            self._first_execution_s = now - self._last_end
+        else:
+            self._steps += last - first + 1
+            self._samples += self._samples_in_steps(first, last)
+            self._seconds += now - self._last_end
+        self._last_end = now
+        self._last_step = batch
+
+    def result(self) -> Throughput:
+        if self._steps == 0 or self._seconds <= 0:
+            return Throughput(None, None, self._first_execution_s, 0, 0.0)
+        return Throughput(
+            samples_per_second=self._samples / self._seconds,
+            steps_per_second=self._steps / self._seconds,
+            first_execution_s=self._first_execution_s,
+            measured_steps=self._steps,
+            measured_seconds=self._seconds,
+        )
+
+
+def samples_counter(batch_size: int, num_samples: int | None):
+    """Returns `f(first_step, last_step)` counting samples, exact for a known
+    epoch size (the last batch may be partial), else `batch_size` per step."""
+
+    def count(first: int, last: int) -> int:
+        total = 0
+        for step in range(first, last + 1):
+            if num_samples is None:
+                total += batch_size
+            else:
+                total += max(0, min(batch_size, num_samples - step * batch_size))
+        return total
+
+    return count
