@@ -487,7 +487,7 @@ def resolve_plan(
             schedule = "warmup_cosine" if total_steps else "constant"
             reasons["lr_schedule"] = (
                 "linear warm-up then cosine decay over the whole run" if total_steps
-                else "constant: the run's length is unknown (infinite dataset without steps_per_epoch)"
+                else "constant: the run's length is unknown (e.g. an infinite dataset without steps_per_epoch)"
             )
         else:
             schedule = lr_schedule

@@ -38,6 +38,8 @@ class FitResult:
             execution time).
         model: The trained model: the user's own model object when one was
             passed, else the model the builder made.
+        train_model: The model that was compiled and trained: `model` itself,
+            or its copy rebuilt under the plan's precision.
         run_dir: The run folder, or None when disabled.
         data: One line describing the training data.
         model_preparation: One line saying whether the model was trained in
@@ -48,6 +50,7 @@ class FitResult:
     plan: Plan
     throughput: Throughput
     model: keras.Model
+    train_model: keras.Model
     run_dir: pathlib.Path | None
     data: str
     model_preparation: str
@@ -309,6 +312,7 @@ def fit(
         plan=plan,
         throughput=meter.result(),
         model=prepared.user_model if prepared.user_model is not None else train_model,
+        train_model=train_model,
         run_dir=folder,
         data=train_data.description,
         model_preparation=prepared.how,

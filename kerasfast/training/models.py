@@ -122,10 +122,11 @@ def clone_under(model, policy: str, remat: str | None = None):
         try:
             return model.__class__.from_config(model.get_config())
         except Exception as error:  # noqa: BLE001 - any failure means "cannot clone"
+            detail = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
             raise ModelError(
                 f"kerasfast needs to rebuild model {model.name!r} ({type(model).__name__}) under the "
                 f"'{policy}' dtype policy{' with rematerialisation' if remat else ''}, but this subclassed model "
-                f"cannot be re-created from its config ({type(error).__name__}: {error}). Pass a zero-argument "
+                f"cannot be re-created from its config ({type(error).__name__}: {detail}). Pass a zero-argument "
                 "function that builds the model instead, e.g. kerasfast.fit(lambda: MyModel(...), data), or "
                 "implement get_config()."
             ) from error

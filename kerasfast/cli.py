@@ -1,0 +1,91 @@
+"""The `kerasfast` command line.
+
+    kerasfast info [--json]         hardware found and the default plan
+    kerasfast quickstart [--out D]  train the digits convnet with the auto plan
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="kerasfast")
+def main():
+    """Train Keras 3 models the fast way."""
+
+
+def _default_plan(hardware):
+    from kerasfast.plan import RunFacts, resolve_plan
+    from kerasfast.threads import current_threads, runtime_started
+
+    intra, inter = current_threads()
+    return resolve_plan(hardware, run=RunFacts(tf_runtime_started=runtime_started(),
+                                               current_intra_op_threads=intra, current_inter_op_threads=inter))
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def info(as_json):
+    """Show the hardware found and the plan `fit` would choose by default."""
+    from kerasfast.hardware import detect_hardware
+
+    hardware = detect_hardware()
+    plan = _default_plan(hardware)
+    if as_json:
+        click.echo(json.dumps({"hardware": hardware.to_dict(), "plan": plan.to_dict()}, indent=2, default=str))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title="Hardware", show_header=False)
+    table.add_row("CPU", hardware.cpu_model)
+    table.add_row("usable cores", str(hardware.cpu_cores))
+    table.add_row("notable CPU flags", ", ".join(f.upper() for f in hardware.cpu_flags) or "none")
+    table.add_row("bf16 on CPU", "yes" if hardware.cpu_has_bf16 else "no")
+    if hardware.gpus:
+        for index, gpu in enumerate(hardware.gpus):
+            cc = ".".join(map(str, gpu.compute_capability)) if gpu.compute_capability else "?"
+            memory = f"{gpu.memory_mib} MiB" if gpu.memory_mib else "memory unknown"
+            table.add_row(f"GPU {index}", f"{gpu.name}, compute capability {cc}, {memory}")
+    else:
+        table.add_row("GPUs", "none")
+    table.add_row("TPU cores", str(hardware.tpu_cores))
+    console.print(table)
+    plan_table = Table(title="Default plan of kerasfast.fit (model- and data-dependent fields are resolved at fit time)")
+    plan_table.add_column("field")
+    plan_table.add_column("value")
+    plan_table.add_column("why")
+    for name, value, reason in plan.rows():
+        plan_table.add_row(name, value, reason)
+    console.print(plan_table)
+
+
+@main.command()
+@click.option("--out", "out_dir", default="kerasfast_quickstart", show_default=True, help="Run folder to write.")
+@click.option("--epochs", default=15, show_default=True, help="Training epochs.")
+@click.option("--batch-size", default=64, show_default=True, help="Global batch size.")
+@click.option("--precision", default="auto", show_default=True,
+              type=click.Choice(["auto", "float32", "mixed_float16", "mixed_bfloat16"]))
+def quickstart(out_dir, epochs, batch_size, precision):
+    """Train a small convnet on scikit-learn's digits with the auto plan."""
+    from kerasfast.errors import KerasfastError
+    from kerasfast.quickstart import run_quickstart
+    from kerasfast.threads import configure_threads
+
+    configure_threads()  # before TensorFlow starts, so the plan's thread counts apply
+    try:
+        metrics = run_quickstart(out_dir, epochs=epochs, batch_size=batch_size, precision=precision,
+                                 verbose=2)
+    except KerasfastError as error:
+        raise click.ClickException(str(error)) from error
+    click.echo(f"test accuracy {metrics['test_accuracy']:.4f}; "
+               f"{metrics['samples_per_second']:,.0f} samples/s ({metrics['precision']}); run folder: {out_dir}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""Any Keras 3 model trains through kerasfast.fit and stays usable afterwards."""
+
+import keras
+import numpy as np
+import pytest
+
+import kerasfast
+from kerasfast.errors import ModelError
+from tests.helpers import small_convnet
+
+FIT = dict(epochs=3, batch_size=64, run_dir=False, verbose=0, seed=0)
+
+
+def functional_model():
+    inputs = keras.Input((8, 8, 1), name="image")
+    x = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(inputs)
+    x = keras.layers.Flatten()(x)
+    outputs = keras.layers.Dense(10, activation="softmax", name="probabilities")(x)
+    return keras.Model(inputs, outputs, name="functional_digits")
+
+
+@keras.saving.register_keras_serializable(package="kerasfast_tests")
+class SubclassedModel(keras.Model):
+    def __init__(self, units=32, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+        self.flatten = keras.layers.Flatten()
+        self.hidden = keras.layers.Dense(units, activation="relu")
+        self.classifier = keras.layers.Dense(10, activation="softmax")
+
+    def call(self, inputs):
+        return self.classifier(self.hidden(self.flatten(inputs)))
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units}
+
+
+class UnclonableModel(keras.Model):
+    """Takes a layer object in __init__, so it cannot be rebuilt from a config."""
+
+    def __init__(self, head):
+        super().__init__()
+        self.flatten = keras.layers.Flatten()
+        self.head = head
+
+    def call(self, inputs):
+        return self.head(self.flatten(inputs))
+
+
+class BatchCounter(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.epochs_seen = 0
+        self.batches_seen = 0
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epochs_seen += 1
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches_seen += 1
+
+
+def _accuracy(model, digits):
+    _, (x_test, y_test) = digits
+    predictions = np.argmax(keras.ops.convert_to_numpy(model.predict(x_test, verbose=0)), axis=-1)
+    return float(np.mean(predictions == y_test))
+
+
+@pytest.mark.parametrize("build", [small_convnet, functional_model, SubclassedModel], ids=["sequential", "functional", "subclassed"])
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "uncompiled"])
+def test_model_kinds_train_in_place_for_the_user(digits, build, compiled):
+    (x, y), _ = digits
+    model = build()
+    if compiled:
+        model.compile(keras.optimizers.Adam(3e-3), "sparse_categorical_crossentropy", metrics=["accuracy"])
+        options = {}
+    else:
+        options = dict(loss="sparse_categorical_crossentropy", metrics=["accuracy"], learning_rate=3e-3)
+    counter = BatchCounter()
+    before = [w.copy() for w in model.get_weights()] if model.built else None
+    result = kerasfast.fit(model, (x, y), callbacks=[counter], **FIT, **options)
+    assert result.model is model
+    assert counter.epochs_seen == 3 and counter.batches_seen >= 3
+    if before is not None:
+        assert any(not np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
+    # The user's object holds the trained weights: it predicts well on its own.
+    assert _accuracy(model, digits) > 0.7
+    for a, b in zip(model.get_weights(), result.train_model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert keras.config.dtype_policy().name == "float32"
+    assert result.history.history["loss"][-1] < result.history.history["loss"][0]
+
+
+def test_builder_callable_is_built_under_the_plan_precision(digits):
+    (x, y), _ = digits
+    result = kerasfast.fit(functional_model, (x, y), loss="sparse_categorical_crossentropy",
+                           precision="mixed_bfloat16", learning_rate=3e-3, **FIT)
+    model = result.model
+    assert model is result.train_model
+    assert model.layers[1].compute_dtype == "bfloat16"
+    assert "built by your function" in result.model_preparation
+    assert _accuracy(model, digits) > 0.5
+    assert keras.config.dtype_policy().name == "float32"
+
+
+def test_model_already_under_the_plan_policy_trains_in_place(digits):
+    (x, y), _ = digits
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    model = small_convnet()
+    keras.config.set_dtype_policy("float32")
+    result = kerasfast.fit(model, (x, y), loss="sparse_categorical_crossentropy", precision="mixed_bfloat16", **FIT)
+    assert result.train_model is model
+    assert "in place" in result.model_preparation
+
+
+def test_float32_plan_rebuilds_a_mixed_model_in_float32(digits):
+    (x, y), _ = digits
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    model = small_convnet()
+    keras.config.set_dtype_policy("float32")
+    result = kerasfast.fit(model, (x, y), loss="sparse_categorical_crossentropy", precision="float32", **FIT)
+    assert result.train_model is not model
+    assert all(layer.compute_dtype == "float32" for layer in result.train_model.layers)
+
+
+def test_unclonable_subclassed_model_asks_for_a_builder(digits):
+    (x, y), _ = digits
+    model = UnclonableModel(keras.layers.Dense(10, activation="softmax"))
+    with pytest.raises(ModelError, match="zero-argument function that builds the model"):
+        kerasfast.fit(model, (x, y), loss="sparse_categorical_crossentropy", precision="mixed_bfloat16", **FIT)
+    # The same model trains when no rebuild is needed.
+    result = kerasfast.fit(model, (x, y), loss="sparse_categorical_crossentropy", precision="float32", **FIT)
+    assert result.train_model is model
+    # And through a builder under any precision.
+    result = kerasfast.fit(lambda: UnclonableModel(keras.layers.Dense(10, activation="softmax")), (x, y),
+                           loss="sparse_categorical_crossentropy", precision="mixed_bfloat16", **FIT)
+    assert result.model.head.compute_dtype == "bfloat16"
+
+
+def test_tf_data_dataset_input(digits):
+    import tensorflow as tf
+
+    (x, y), (x_test, y_test) = digits
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(2000, seed=0).batch(50)
+    validation = tf.data.Dataset.from_tensor_slices((x_test, y_test)).batch(50)
+    result = kerasfast.fit(small_convnet(), dataset, validation_data=validation,
+                           loss="sparse_categorical_crossentropy", metrics=["accuracy"], learning_rate=3e-3,
+                           epochs=3, run_dir=False, verbose=0)
+    assert result.plan.global_batch_size == 50
+    assert result.plan.reasons["global_batch_size"] == "50: set by the dataset"
+    assert "val_accuracy" in result.history.history
+    assert result.history.history["val_accuracy"][-1] > 0.5
+
+
+def test_run_folder_holds_plan_history_and_model(digits, tmp_path):
+    import json
+
+    (x, y), _ = digits
+    result = kerasfast.fit(small_convnet(), (x, y), loss="sparse_categorical_crossentropy",
+                           epochs=2, batch_size=64, run_dir=tmp_path / "run", verbose=0)
+    folder = tmp_path / "run"
+    plan = json.loads((folder / "plan.json").read_text())
+    assert plan["fields"]["precision"]["value"] == result.plan.precision
+    assert plan["fields"]["global_batch_size"]["source"] == "user"
+    assert plan["hardware"]["cpu_cores"] >= 1
+    history = json.loads((folder / "history.json").read_text())
+    assert len(history["loss"]) == 2
+    summary = json.loads((folder / "result.json").read_text())
+    assert summary["throughput"]["samples_per_second"] > 0
+    reloaded = keras.saving.load_model(folder / "model.keras")
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(reloaded(x[:8])), keras.ops.convert_to_numpy(result.train_model(x[:8])), atol=1e-6
+    )
+    assert not list(folder.glob(".*tmp*"))
+
+
+def test_throughput_is_measured_after_the_first_execution(digits):
+    (x, y), _ = digits
+    result = kerasfast.fit(small_convnet(), (x, y), loss="sparse_categorical_crossentropy",
+                           epochs=3, batch_size=64, steps_per_execution=1, run_dir=False, verbose=0)
+    throughput = result.throughput
+    steps_per_epoch = int(np.ceil(len(x) / 64))
+    assert throughput.measured_steps == 3 * steps_per_epoch - 1  # all but the first, compiling step
+    assert throughput.samples_per_second > 0 and throughput.steps_per_second > 0
+    assert throughput.first_execution_s > 0
+    # Samples are counted exactly: the last batch of each epoch is partial.
+    expected_samples = 3 * len(x) - 64
+    assert throughput.samples_per_second * throughput.measured_seconds == pytest.approx(expected_samples)
