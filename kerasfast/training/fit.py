@@ -322,8 +322,11 @@ def fit(
         write_json(folder / "result.json", result.summary())
         if save_model_file:
             save_model(train_model, folder / "model.keras")
-    if verbose != 0 and result.throughput.samples_per_second:
-        print(f"kerasfast: {result.throughput.samples_per_second:,.0f} samples/s, "
-              f"{result.throughput.steps_per_second:,.1f} steps/s after the first execution "
-              f"({result.throughput.first_execution_s:.1f} s incl. compilation)")
+    if verbose != 0:
+        if result.throughput.samples_per_second:
+            print(f"kerasfast: {result.throughput.samples_per_second:,.0f} samples/s, "
+                  f"{result.throughput.steps_per_second:,.1f} steps/s after the first execution "
+                  f"({result.throughput.first_execution_s:.1f} s incl. compilation)")
+        else:
+            print("kerasfast: run too short to measure throughput (only the first, compiling execution ran)")
     return result

@@ -1,0 +1,56 @@
+"""The kerasfast command line, run as a user runs it: in a subprocess."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+
+def run_cli(*args, cwd=None, timeout=600):
+    return subprocess.run([sys.executable, "-m", "kerasfast.cli", *args], capture_output=True, text=True,
+                          env=ENV, cwd=cwd, timeout=timeout)
+
+
+def test_info_shows_hardware_and_default_plan():
+    done = run_cli("info")
+    assert done.returncode == 0, done.stderr
+    assert "Hardware" in done.stdout and "usable cores" in done.stdout
+    assert "precision" in done.stdout and "jit_compile" in done.stdout
+
+
+def test_info_json_is_machine_readable():
+    done = run_cli("info", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["hardware"]["cpu_cores"] >= 1
+    assert report["plan"]["fields"]["precision"]["value"] in ("float32", "mixed_bfloat16", "mixed_float16")
+    from kerasfast.hardware import detect_hardware
+
+    hardware = detect_hardware()
+    assert tuple(report["hardware"]["cpu_flags"]) == hardware.cpu_flags
+
+
+def test_quickstart_trains_and_writes_a_run_folder(tmp_path):
+    out = tmp_path / "quick"
+    done = run_cli("quickstart", "--out", str(out), "--epochs", "12")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "kerasfast plan" in done.stdout
+    assert "test accuracy" in done.stdout and "samples/s" in done.stdout
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["test_accuracy"] > 0.8
+    assert metrics["samples_per_second"] > 0
+    for name in ("plan.json", "history.json", "result.json", "model.keras"):
+        assert (out / name).is_file(), name
+    plan = json.loads((out / "plan.json").read_text())
+    # quickstart sizes the thread pools before TensorFlow starts
+    assert "kept" not in plan["fields"]["intra_op_threads"]["reason"]
+
+
+def test_unknown_precision_is_a_usage_error(tmp_path):
+    done = run_cli("quickstart", "--out", str(tmp_path / "q"), "--precision", "fp8")
+    assert done.returncode == 2
+    assert "fp8" in done.stderr

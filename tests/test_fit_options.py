@@ -1,0 +1,200 @@
+"""Memory and optimisation options of fit, each checked against real training."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+
+import kerasfast
+from kerasfast import costs
+from kerasfast.training.schedules import OneCycle, warmup_cosine
+from tests.helpers import small_convnet
+
+QUIET = dict(run_dir=False, verbose=0, seed=0)
+
+
+def _dense_model():
+    keras.utils.set_random_seed(3)
+    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(10)])
+
+
+def _flat_digits(digits, n=256):
+    (x, y), _ = digits
+    return x[:n].reshape(n, 64), y[:n]
+
+
+def test_gradient_accumulation_equals_one_large_batch(digits):
+    """4 accumulated steps of 16 samples give the same update as one step of 64 (SGD, float32)."""
+    x, y = _flat_digits(digits)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    common = dict(loss=loss, optimizer=keras.optimizers.SGD(0.5), precision="float32", shuffle=False,
+                  epochs=1, **QUIET)
+    large = _dense_model()
+    small = _dense_model()
+    np.testing.assert_array_equal(large.get_weights()[0], small.get_weights()[0])
+    result_large = kerasfast.fit(large, (x, y), batch_size=64, **common)
+    result_small = kerasfast.fit(small, (x, y), batch_size=16, grad_accum_steps=4, **common)
+    assert result_small.plan.effective_batch_size == 64
+    assert result_small.plan.reasons["effective_batch_size"].startswith("16 x 4")
+    assert result_small.plan.learning_rate == pytest.approx(0.5)
+    for a, b in zip(large.get_weights(), small.get_weights()):
+        np.testing.assert_allclose(a, b, atol=2e-5)
+    # Without accumulation the small-batch run takes 4x the updates and lands elsewhere.
+    plain = _dense_model()
+    kerasfast.fit(plain, (x, y), batch_size=16, **common)
+    assert not np.allclose(plain.get_weights()[0], large.get_weights()[0], atol=1e-3)
+
+
+def test_gradient_accumulation_with_mixed_float16(digits):
+    x, y = _flat_digits(digits)
+    result = kerasfast.fit(_dense_model(), (x, y), batch_size=16, grad_accum_steps=4, precision="mixed_float16",
+                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), epochs=3, **QUIET)
+    optimizer = result.train_model.optimizer
+    assert isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    assert optimizer.inner_optimizer.gradient_accumulation_steps == 4
+    assert result.history.history["loss"][-1] < result.history.history["loss"][0]
+
+
+def test_clipnorm_bounds_each_update(digits):
+    x, y = _flat_digits(digits, 64)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def one_step(clipnorm):
+        model = _dense_model()
+        before = [w.copy() for w in model.get_weights()]
+        kerasfast.fit(model, (x, y), batch_size=64, epochs=1, loss=loss, optimizer=keras.optimizers.SGD(1.0),
+                      precision="float32", clipnorm=clipnorm, **QUIET)
+        delta = [a - b for a, b in zip(model.get_weights(), before)]
+        return float(np.sqrt(sum(np.sum(d**2) for d in delta)))
+
+    unclipped = one_step(None)
+    clipped = one_step(0.01)
+    assert unclipped > 0.05
+    assert clipped == pytest.approx(0.01, rel=1e-3)  # SGD lr=1: the update is the clipped gradient
+
+
+def test_remat_recomputes_activations_and_trains_the_same(digits):
+    x, y = _flat_digits(digits)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    common = dict(batch_size=32, epochs=2, loss=loss, optimizer=keras.optimizers.SGD(0.1), precision="float32",
+                  shuffle=False, **QUIET)
+    plain = kerasfast.fit(_dense_model(), (x, y), **common)
+    remat = kerasfast.fit(_dense_model(), (x, y), remat=True, **common)
+    assert remat.plan.remat == "activations"
+    hidden = remat.train_model.layers[0]
+    assert hidden._remat_mode.mode == "activations"
+    assert getattr(plain.train_model.layers[0], "_remat_mode", None) is None
+    np.testing.assert_allclose(remat.history.history["loss"], plain.history.history["loss"], rtol=1e-5)
+
+
+def test_xla_on_a_single_cpu_device_trains(digits):
+    (x, y), _ = digits
+    result = kerasfast.fit(small_convnet(), (x, y), jit_compile=True, batch_size=64, epochs=2,
+                           loss="sparse_categorical_crossentropy", precision="float32", **QUIET)
+    assert result.plan.jit_compile is True
+    assert result.train_model.jit_compile is True
+    assert result.history.history["loss"][-1] < result.history.history["loss"][0]
+
+
+def test_steps_per_execution_is_passed_to_keras(digits):
+    (x, y), _ = digits
+    result = kerasfast.fit(small_convnet(), (x, y), batch_size=64, steps_per_execution=7, epochs=1,
+                           loss="sparse_categorical_crossentropy", **QUIET)
+    assert result.train_model.steps_per_execution == 7
+
+
+def test_default_optimizer_is_adamw_with_warmup_cosine(digits):
+    (x, y), _ = digits
+    result = kerasfast.fit(small_convnet(), (x, y), batch_size=64, epochs=2,
+                           loss="sparse_categorical_crossentropy", **QUIET)
+    plan = result.plan
+    assert plan.optimizer == "AdamW" and plan.lr_schedule == "warmup_cosine"
+    optimizer = result.train_model.optimizer
+    assert isinstance(optimizer, keras.optimizers.AdamW)
+    steps = int(np.ceil(len(x) / 64)) * 2
+    assert plan.total_steps == steps and plan.warmup_steps == max(1, int(steps * 0.05))
+    # At the end of the run the cosine has decayed the learning rate to ~0.
+    assert float(optimizer.learning_rate) < 0.01 * plan.learning_rate
+
+
+def test_user_optimizer_with_a_requested_schedule(digits):
+    (x, y), _ = digits
+    result = kerasfast.fit(small_convnet(), (x, y), batch_size=64, epochs=1, optimizer=keras.optimizers.SGD(0.05),
+                           lr_schedule="one_cycle", loss="sparse_categorical_crossentropy", **QUIET)
+    assert result.plan.optimizer == "SGD" and result.plan.learning_rate == pytest.approx(0.05)
+    assert isinstance(result.train_model.optimizer.inner_optimizer
+                      if isinstance(result.train_model.optimizer, keras.optimizers.LossScaleOptimizer)
+                      else result.train_model.optimizer, keras.optimizers.SGD)
+
+
+def test_warmup_cosine_schedule_values():
+    schedule = warmup_cosine(1e-3, total_steps=100, warmup_steps=10)
+    assert float(schedule(0)) == pytest.approx(0.0)
+    assert float(schedule(5)) == pytest.approx(5e-4)
+    assert float(schedule(10)) == pytest.approx(1e-3)
+    assert float(schedule(55)) == pytest.approx(5e-4, rel=1e-3)
+    assert float(schedule(100)) == pytest.approx(0.0, abs=1e-9)
+    with pytest.raises(ValueError, match="warmup_steps"):
+        warmup_cosine(1e-3, total_steps=10, warmup_steps=10)
+
+
+def test_one_cycle_schedule_values_and_serialisation():
+    schedule = OneCycle(0.1, total_steps=100, pct_start=0.3)
+    values = [float(schedule(step)) for step in range(101)]
+    assert values[0] == pytest.approx(0.1 / 25)
+    assert max(values) == pytest.approx(0.1) and int(np.argmax(values)) == 30
+    assert values[-1] == pytest.approx(0.1 / 1e4, rel=1e-3)
+    assert all(a <= b + 1e-9 for a, b in zip(values[:30], values[1:31]))  # rising
+    assert all(a >= b - 1e-9 for a, b in zip(values[30:], values[31:]))  # falling
+    restored = keras.optimizers.schedules.deserialize(keras.optimizers.schedules.serialize(schedule))
+    assert float(restored(42)) == pytest.approx(float(schedule(42)))
+
+
+def test_forward_flops_are_counted():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(2)])
+    # 2*4*3 + 3 bias adds + 2*3*2 + 2 bias adds
+    assert costs.forward_flops_per_sample(model, (4,)) == 24 + 3 + 12 + 2
+    assert costs.forward_flops_per_sample(model, (None,)) is None
+
+
+def test_threads_are_set_from_the_plan_when_tensorflow_has_not_started(tmp_path):
+    script = textwrap.dedent(
+        """
+        import json, numpy as np, keras, kerasfast, tensorflow as tf
+        x = np.random.rand(64, 4).astype("float32"); y = np.random.rand(64, 1).astype("float32")
+        model = lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        result = kerasfast.fit(model, (x, y), loss="mse", intra_op_threads=1, run_dir=False, verbose=0)
+        late = None
+        try:
+            kerasfast.fit(model, (x, y), loss="mse", intra_op_threads=2, run_dir=False, verbose=0)
+        except kerasfast.PlanError as error:
+            late = str(error)
+        print(json.dumps({
+            "plan": [result.plan.intra_op_threads, result.plan.inter_op_threads],
+            "tf": [tf.config.threading.get_intra_op_parallelism_threads(),
+                   tf.config.threading.get_inter_op_parallelism_threads()],
+            "late": late,
+        }))
+        """
+    )
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    output = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300,
+                            check=True).stdout
+    report = json.loads(output.strip().splitlines()[-1])
+    cores = kerasfast.detect_hardware().cpu_cores
+    assert report["plan"] == [1, min(2, cores)]
+    assert report["tf"] == report["plan"]
+    assert "configure_threads" in report["late"]
+
+
+def test_configure_threads_after_start_raises():
+    import tensorflow as tf
+
+    tf.constant(1.0)  # TensorFlow is running in the test process
+    with pytest.raises(RuntimeError, match="top of the script"):
+        kerasfast.configure_threads()

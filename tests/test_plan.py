@@ -1,0 +1,212 @@
+"""Plan resolution: auto choices, overrides, refusals and bad arguments."""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+
+import kerasfast
+from kerasfast.errors import DataError, PlanError
+from kerasfast.hardware import GPU, Hardware
+from kerasfast.plan import DataFacts, ModelFacts, RunFacts, resolve_plan, resolve_precision
+from tests.helpers import small_convnet
+
+CPU_BF16 = Hardware(cpu_cores=2, cpu_flags=("avx2", "avx512f", "avx512_bf16"))
+CPU_PLAIN = Hardware(cpu_cores=8, cpu_flags=("avx2", "fma"))
+FIT = dict(epochs=1, batch_size=64, run_dir=False, verbose=0, loss="sparse_categorical_crossentropy")
+
+
+@pytest.mark.parametrize(
+    "hardware, expected",
+    [
+        (CPU_BF16, "mixed_bfloat16"),
+        (Hardware(cpu_flags=("amx_bf16",)), "mixed_bfloat16"),
+        (CPU_PLAIN, "float32"),
+        (Hardware(gpus=(GPU("A100", (8, 0)),)), "mixed_bfloat16"),
+        (Hardware(gpus=(GPU("H200", (9, 0)), GPU("H200", (9, 0)))), "mixed_bfloat16"),
+        (Hardware(gpus=(GPU("V100", (7, 0)),)), "mixed_float16"),
+        (Hardware(gpus=(GPU("T4", (7, 5)),)), "mixed_float16"),
+        (Hardware(gpus=(GPU("P100", (6, 0)),)), "float32"),
+        (Hardware(tpu_cores=8), "mixed_bfloat16"),
+    ],
+)
+def test_auto_precision_follows_the_hardware(hardware, expected):
+    policy, reason = resolve_precision(hardware)
+    assert policy == expected
+    assert reason
+
+
+def test_auto_never_picks_float16_on_a_cpu():
+    for hardware in (CPU_BF16, CPU_PLAIN, Hardware()):
+        assert resolve_precision(hardware)[0] != "mixed_float16"
+
+
+def test_auto_xla_on_a_single_gpu_and_off_on_cpu():
+    assert resolve_plan(Hardware(gpus=(GPU("A100", (8, 0)),))).jit_compile is True
+    assert resolve_plan(CPU_BF16).jit_compile is False
+    assert resolve_plan(Hardware(gpus=(GPU("A100", (8, 0)),)), num_replicas=2).jit_compile is False
+
+
+def test_every_field_has_a_reason_and_round_trips_as_json():
+    plan = resolve_plan(CPU_BF16, data=DataFacts(num_samples=1000), batch_size=50, run=RunFacts(epochs=3))
+    data = json.loads(plan.to_json())["fields"]
+    assert set(data) >= {"precision", "jit_compile", "steps_per_execution", "global_batch_size",
+                         "per_replica_batch_size", "grad_accum_steps", "clipnorm", "remat", "lr_schedule"}
+    assert all(field["reason"] for field in data.values())
+    assert data["global_batch_size"] == {"value": 50, "reason": "requested", "source": "user"}
+    assert data["total_steps"]["value"] == 3 * 20
+    assert "precision" in str(plan)
+
+
+def test_overrides_win():
+    plan = resolve_plan(
+        CPU_BF16, data=DataFacts(num_samples=640), run=RunFacts(epochs=2),
+        precision="float32", jit_compile=True, steps_per_execution=3, batch_size=16, grad_accum_steps=4,
+        clipnorm=1.0, remat=True, learning_rate=0.01, lr_schedule="one_cycle",
+    )
+    assert (plan.precision, plan.jit_compile, plan.steps_per_execution) == ("float32", True, 3)
+    assert (plan.global_batch_size, plan.grad_accum_steps, plan.effective_batch_size) == (16, 4, 64)
+    assert (plan.clipnorm, plan.remat, plan.learning_rate, plan.lr_schedule) == (1.0, "activations", 0.01, "one_cycle")
+    assert plan.total_steps == 2 * 40 // 4
+    assert {"precision", "jit_compile", "grad_accum_steps", "clipnorm", "remat"} <= set(plan.overridden)
+
+
+def test_steps_per_execution_auto_amortises_overhead():
+    cheap = resolve_plan(CPU_BF16, data=DataFacts(num_samples=100_000),
+                         model=ModelFacts(forward_flops_per_sample=10_000), run=RunFacts(peak_flops=1e11))
+    heavy = resolve_plan(CPU_BF16, data=DataFacts(num_samples=100_000),
+                         model=ModelFacts(forward_flops_per_sample=10**10), run=RunFacts(peak_flops=1e11))
+    assert cheap.steps_per_execution > 8
+    assert heavy.steps_per_execution == 1
+    short = resolve_plan(CPU_BF16, data=DataFacts(num_samples=64), batch_size=32,
+                         model=ModelFacts(forward_flops_per_sample=10), run=RunFacts(peak_flops=1e11))
+    assert short.steps_per_execution == 2  # never more than an epoch
+    with_hooks = resolve_plan(CPU_BF16, run=RunFacts(user_batch_callbacks=("MyLogger",)))
+    assert with_hooks.steps_per_execution == 1 and "MyLogger" in with_hooks.reasons["steps_per_execution"]
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(precision="fp16"), "precision='fp16' is not known"),
+        (dict(grad_accum_steps=-2), "grad_accum_steps=-2"),
+        (dict(grad_accum_steps=0), "grad_accum_steps=0"),
+        (dict(grad_accum_steps=2.5), "grad_accum_steps=2.5"),
+        (dict(steps_per_execution=0), "steps_per_execution=0"),
+        (dict(batch_size=0), "batch_size=0"),
+        (dict(clipnorm=-1.0), "clipnorm=-1.0"),
+        (dict(remat="full"), "keras issue 21207"),
+        (dict(remat="sometimes"), "remat='sometimes' is not known"),
+        (dict(jit_compile="yes"), "jit_compile='yes'"),
+        (dict(lr_schedule="step"), "lr_schedule='step' is not known"),
+        (dict(learning_rate=0), "learning_rate=0"),
+        (dict(lr_schedule="warmup_cosine"), "needs the run's length"),
+    ],
+)
+def test_bad_arguments_are_refused_with_a_clear_message(options, message):
+    with pytest.raises(PlanError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        resolve_plan(CPU_BF16, **options)
+
+
+def test_jit_is_refused_for_layers_without_xla_support():
+    with pytest.raises(PlanError, match=r"jit_compile=True cannot work here: layer\(s\) lookup do not support XLA"):
+        resolve_plan(CPU_BF16, model=ModelFacts(layers_without_jit=("lookup",)), jit_compile=True)
+    auto = resolve_plan(CPU_BF16, model=ModelFacts(layers_without_jit=("lookup",)))
+    assert auto.jit_compile is False and "lookup" in auto.reasons["jit_compile"]
+
+
+class NoXlaLayer(keras.layers.Layer):
+    """A real layer that declares it cannot be compiled with XLA (like string lookups)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.supports_jit = False
+
+    def call(self, inputs):
+        return inputs
+
+
+class StepRecorder(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.steps = 0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.steps += 1
+
+
+def _no_xla_model():
+    return keras.Sequential([keras.Input((8, 8, 1)), NoXlaLayer(name="no_xla"), keras.layers.Flatten(),
+                             keras.layers.Dense(10, activation="softmax")])
+
+
+def test_fit_refuses_jit_before_any_training_step(digits):
+    (x, y), _ = digits
+    model = _no_xla_model()
+    recorder = StepRecorder()
+    with pytest.raises(PlanError, match="no_xla do not support XLA"):
+        kerasfast.fit(model, (x, y), jit_compile=True, callbacks=[recorder], **FIT)
+    assert recorder.steps == 0
+    assert not model.compiled
+
+
+@pytest.mark.parametrize(
+    "options, error, message",
+    [
+        (dict(precision="fp8"), PlanError, "precision='fp8'"),
+        (dict(grad_accum_steps=-1), PlanError, "grad_accum_steps=-1"),
+        (dict(remat="list_of_layers"), PlanError, "keras issue 21207"),
+        (dict(epochs=0), PlanError, "epochs=0"),
+    ],
+)
+def test_fit_rejects_bad_arguments_before_training(digits, options, error, message):
+    (x, y), _ = digits
+    model = small_convnet()
+    recorder = StepRecorder()
+    fit_options = {**FIT, **options}
+    with pytest.raises(error, match=message):
+        kerasfast.fit(model, (x, y), callbacks=[recorder], **fit_options)
+    assert recorder.steps == 0
+
+
+def test_data_that_does_not_match_the_model_is_a_clear_error(digits):
+    (x, y), _ = digits
+    with pytest.raises(DataError, match=r"inputs of shape \('batch', 64\).*expects \('batch', 8, 8, 1\)"):
+        kerasfast.fit(small_convnet(), (x.reshape(len(x), 64), y), **FIT)
+    with pytest.raises(DataError, match="disagree on the number of samples"):
+        kerasfast.fit(small_convnet(), (x, y[:-5]), **FIT)
+    with pytest.raises(DataError, match="not supported"):
+        kerasfast.fit(small_convnet(), {"x": x}, **FIT)
+
+
+def test_unbuilt_model_with_wrong_data_is_a_clear_error(digits):
+    (x, y), _ = digits
+    model = keras.Sequential([keras.layers.Conv2D(4, 3), keras.layers.Flatten(), keras.layers.Dense(10)])
+    with pytest.raises(DataError, match="could not be run on a batch of the data"):
+        kerasfast.fit(model, (x.reshape(len(x), 64), y), **FIT)
+
+
+def test_missing_loss_is_a_clear_error(digits):
+    (x, y), _ = digits
+    with pytest.raises(PlanError, match="no loss"):
+        kerasfast.fit(small_convnet(), (x, y), epochs=1, run_dir=False, verbose=0)
+
+
+def test_batch_size_conflicting_with_a_batched_dataset(digits):
+    import tensorflow as tf
+
+    (x, y), _ = digits
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
+    with pytest.raises(PlanError, match="already batched by 32"):
+        kerasfast.fit(small_convnet(), dataset, **FIT)
+
+
+def test_plan_is_printed_unless_silent(digits, capsys):
+    (x, y), _ = digits
+    kerasfast.fit(small_convnet(), (x[:256], y[:256]), epochs=2, batch_size=64, run_dir=False, verbose=2,
+                  loss="sparse_categorical_crossentropy")
+    printed = capsys.readouterr().out
+    assert "kerasfast plan" in printed and "precision" in printed and "samples/s" in printed
+    kerasfast.fit(small_convnet(), (x[:256], y[:256]), **FIT)
+    assert "kerasfast plan" not in capsys.readouterr().out
