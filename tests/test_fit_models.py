@@ -85,6 +85,9 @@ def test_model_kinds_train_in_place_for_the_user(digits, build, compiled):
         assert any(not np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
     # The user's object holds the trained weights: it predicts well on its own.
     assert _accuracy(model, digits) > 0.7
+    _, (x_test, y_test) = digits
+    evaluated = model.evaluate(x_test, y_test, verbose=0, return_dict=True)
+    assert evaluated["accuracy"] > 0.7
     for a, b in zip(model.get_weights(), result.train_model.get_weights()):
         np.testing.assert_array_equal(a, b)
     assert keras.config.dtype_policy().name == "float32"

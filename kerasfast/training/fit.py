@@ -21,7 +21,7 @@ from kerasfast.plan import DataFacts, ModelFacts, Plan, RunFacts, resolve_plan, 
 from kerasfast.runs import DEFAULT_ROOT, new_run_dir, save_model, write_json
 from kerasfast.training import optimizers
 from kerasfast.training.inputs import check_inputs_match, prepare_data
-from kerasfast.training.models import PreparedModel, build_scope, prepare_model
+from kerasfast.training.models import PreparedModel, build_scope, copy_weights, prepare_model
 from kerasfast.training.throughput import Throughput, ThroughputMeter, samples_counter
 
 COMPUTE_DTYPES = {"float32": "float32", "mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}
@@ -304,9 +304,14 @@ def fit(
         shuffle=False,  # the dataset shuffles itself; Keras would only warn
     )
     if prepared.rebuilt:
-        from kerasfast.training.models import copy_weights
-
-        copy_weights(train_model, prepared.user_model)
+        user_model = prepared.user_model
+        copy_weights(train_model, user_model)
+        if not user_model.compiled:
+            # So that the user's model evaluates and predicts like the
+            # trained copy, with a fresh optimizer of its own.
+            user_model.compile(optimizer=optimizers.build_optimizer(
+                dataclasses.replace(plan, precision="float32"), template),
+                loss=user_loss, metrics=user_metrics, **compile_kwargs)
     result = FitResult(
         history=history,
         plan=plan,
