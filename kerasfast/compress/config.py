@@ -172,6 +172,9 @@ class PruningConfig:
     structured: str | None = None
 
     def __post_init__(self):
+        if self.target_sparsity is not None:
+            schedules_lib._check_sparsity(self.target_sparsity, "target_sparsity")
+        schedules_lib._check_sparsity(self.initial_sparsity, "initial_sparsity")
         self.m_by_n = _parse_structured(self.structured)
         if self.m_by_n is not None:
             kept, group = self.m_by_n

@@ -122,18 +122,28 @@ def prune(
     >>> print(result.table())
     >>> model.save("pruned.keras")
     """
-    per_epoch = _steps_per_epoch(data, batch_size, steps_per_epoch)
+    batches_per_epoch = _steps_per_epoch(data, batch_size, steps_per_epoch)
     if not isinstance(epochs, int) or epochs < 1:
         raise PlanError(f"epochs={epochs!r} must be an int >= 1.")
-    total_steps = per_epoch * epochs
+    # With gradient accumulation the schedule counts optimizer updates, not
+    # batches (Keras's `iterations` divides by the accumulation steps).
+    source_optimizer = optimizer if optimizer is not None and not isinstance(optimizer, str) else None
+    source_optimizer = source_optimizer or getattr(model, "optimizer", None)
+    accumulation = getattr(source_optimizer, "gradient_accumulation_steps", None) or 1
+    total_steps = batches_per_epoch * epochs // accumulation
+    if total_steps < 1:
+        raise PlanError(
+            f"This run makes no optimizer update ({batches_per_epoch} batches per epoch, gradient accumulation "
+            f"over {accumulation}); give prune() more data or epochs."
+        )
     last_step = total_steps - 1  # the step counter seen by the last update
     if end_step is None:
         end_step = begin_step + int(round(0.7 * max(last_step - begin_step, 0)))
         end_step = min(end_step, last_step)
     if end_step > last_step:
         raise PlanError(
-            f"end_step={end_step} is beyond the last step of this run ({last_step}: {epochs} epochs x "
-            f"{per_epoch} steps), so the target sparsity would never be reached while training. "
+            f"end_step={end_step} is beyond the last step of this run ({last_step}: {total_steps} optimizer "
+            f"steps over {epochs} epochs), so the target sparsity would never be reached while training. "
             "Lower end_step or raise epochs."
         )
     if frequency is None:

@@ -204,7 +204,7 @@ def finalize_pruning(model) -> list[dict]:
         variable.assign(weights * tf.cast(mask, weights.dtype))
         variable.constraint = constraint.original_constraint
         layer = layer_of.get(id(variable))
-        final = np.asarray(variable.value)
+        final = variable.numpy()
         rows.append(
             {
                 "layer": constraint.layer_name,
@@ -246,7 +246,7 @@ def measure_sparsity(model) -> list[dict]:
         weight = getattr(layer, weight_name, None)
         if weight is None:
             continue
-        values = np.asarray(keras.ops.convert_to_numpy(weight))
+        values = np.asarray(weight.numpy() if hasattr(weight, "numpy") else weight)
         rows.append(
             {
                 "layer": layer.name,

@@ -1,0 +1,93 @@
+"""`kerasfast export MODEL.keras OUT_DIR ...`: the export step from a shell."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import numpy as np
+
+from kerasfast.errors import DataError, KerasfastError
+from kerasfast.export.formats import FORMATS
+
+
+def _load_inputs(path: str, argument: str):
+    """Inputs from .npy, or from .npz (array 'x', else the only array)."""
+    file = Path(path)
+    if file.suffix == ".npy":
+        return np.load(file, allow_pickle=False)
+    if file.suffix == ".npz":
+        with np.load(file, allow_pickle=False) as archive:
+            if "x" in archive.files:
+                return archive["x"]
+            if len(archive.files) == 1:
+                return archive[archive.files[0]]
+            raise DataError(f"{argument} {file} holds arrays {archive.files}; name the inputs 'x'.")
+    raise DataError(f"{argument} {file} must be a .npy or .npz file.")
+
+
+def _load_eval(path: str):
+    file = Path(path)
+    if file.suffix != ".npz":
+        raise DataError(f"--eval {file} must be a .npz file with arrays 'x' and 'y'.")
+    with np.load(file, allow_pickle=False) as archive:
+        if not {"x", "y"} <= set(archive.files):
+            raise DataError(f"--eval {file} holds arrays {archive.files}; it needs 'x' and 'y'.")
+        return archive["x"], archive["y"]
+
+
+@click.command("export")
+@click.argument("model_path", metavar="MODEL.keras", type=click.Path(exists=True, dir_okay=False))
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.option(
+    "--formats",
+    "formats",
+    default=None,
+    help=f"Comma-separated formats (default: all but saved_model_int8; tflite_int8 needs --representative). "
+    f"Known: {', '.join(FORMATS)}.",
+)
+@click.option(
+    "--representative",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Calibration inputs for tflite_int8: DATA.npy, or DATA.npz with array 'x'.",
+)
+@click.option("--eval", "eval_path", type=click.Path(exists=True, dir_okay=False), help="DATA.npz with 'x' and 'y' for accuracy/loss.")
+@click.option("--int8-io", is_flag=True, help="tflite_int8 with int8 input/output tensors.")
+@click.option("--allow-flex-ops", is_flag=True, help="Allow TensorFlow (Flex) ops in .tflite files.")
+def export_command(model_path, out_dir, formats, representative, eval_path, int8_io, allow_flex_ops):
+    """Export MODEL.keras to OUT_DIR in serving and edge formats, each verified.
+
+    Every .tflite file is run in LiteRT and compared with the Keras model;
+    report.json and report.md in OUT_DIR list size, gzipped size, accuracy,
+    output difference and latency per artifact. OUT_DIR is replaced only
+    when every artifact is complete.
+    """
+    import keras
+
+    from kerasfast.export.exporter import export_model
+
+    try:
+        format_list = None if formats is None else [f.strip() for f in formats.split(",") if f.strip()]
+        representative_data = None if representative is None else _load_inputs(representative, "--representative")
+        eval_data = None if eval_path is None else _load_eval(eval_path)
+        try:
+            model = keras.saving.load_model(model_path)
+        except Exception as error:
+            raise DataError(f"Cannot load {model_path} as a Keras model: {str(error).splitlines()[0]}") from error
+        result = export_model(
+            model,
+            out_dir,
+            formats=format_list,
+            representative_data=representative_data,
+            eval_data=eval_data,
+            int8_input_output=int8_io,
+            allow_flex_ops=allow_flex_ops,
+        )
+    except KerasfastError as error:
+        raise click.ClickException(str(error)) from error
+    click.echo(result.table())
+    click.echo(f"\nWrote {result.out_dir} (report.json, report.md).")
+
+
+if __name__ == "__main__":  # python -m kerasfast.export.cli
+    export_command()

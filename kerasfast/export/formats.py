@@ -1,0 +1,48 @@
+"""The export formats kerasfast knows, by name."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportFormat:
+    """One artifact kind: its name, file name in out_dir and a description."""
+
+    name: str
+    filename: str
+    description: str
+    is_tflite: bool = False
+    needs_representative_data: bool = False
+
+
+FORMATS: dict[str, ExportFormat] = {
+    f.name: f
+    for f in [
+        ExportFormat("keras", "model.keras", "Keras native .keras file"),
+        ExportFormat("saved_model", "saved_model", "TensorFlow SavedModel, serving signature 'serving_default'"),
+        ExportFormat(
+            "saved_model_int8",
+            "saved_model_int8",
+            "SavedModel of the model after Keras model.quantize('int8') (Dense/EinsumDense/Embedding only)",
+        ),
+        ExportFormat("tflite_float32", "model_float32.tflite", "TFLite, float32 weights and math", is_tflite=True),
+        ExportFormat(
+            "tflite_dynamic_int8",
+            "model_dynamic_int8.tflite",
+            "TFLite, int8 weights, float activations (dynamic-range quantisation)",
+            is_tflite=True,
+        ),
+        ExportFormat(
+            "tflite_int8",
+            "model_int8.tflite",
+            "TFLite, full integer int8 weights and activations, calibrated on representative data",
+            is_tflite=True,
+            needs_representative_data=True,
+        ),
+        ExportFormat("tflite_float16", "model_float16.tflite", "TFLite, float16 weights", is_tflite=True),
+    ]
+}
+
+# tflite_int8 joins the defaults only when representative data is given.
+DEFAULT_FORMATS = ("keras", "saved_model", "tflite_float32", "tflite_dynamic_int8", "tflite_float16")

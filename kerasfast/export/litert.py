@@ -1,0 +1,109 @@
+"""Running .tflite files in LiteRT (`ai_edge_litert`), the runtime phones use."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from kerasfast.errors import ExportError
+
+
+def _interpreter_class():
+    try:
+        from ai_edge_litert.interpreter import Interpreter
+    except ImportError as error:  # pragma: no cover - dependency missing
+        raise ExportError(
+            "Verifying .tflite files needs the LiteRT interpreter: pip install 'ai-edge-litert>=2.0'."
+        ) from error
+    return Interpreter
+
+
+class LiteRTModel:
+    """A .tflite model in the LiteRT interpreter, called like a Keras model.
+
+    Float inputs are quantised and int8 outputs dequantised with the file's
+    own quantisation parameters, so results compare with Keras directly.
+
+    Args:
+        model_content: the .tflite bytes.
+        num_threads: interpreter threads (1 keeps latency comparable across
+            runs on a shared machine).
+    """
+
+    def __init__(self, model_content: bytes, num_threads: int = 1):
+        Interpreter = _interpreter_class()
+        self._content = model_content
+        self._num_threads = num_threads
+        try:
+            self._interpreter = Interpreter(model_content=model_content, num_threads=num_threads)
+            self._interpreter.allocate_tensors()
+        except Exception as error:
+            raise ExportError(f"LiteRT cannot load the .tflite file: {str(error).strip()[:500]}") from error
+        self._batch = None
+
+    @property
+    def input_details(self):
+        return self._interpreter.get_input_details()[0]
+
+    @property
+    def output_details(self):
+        return self._interpreter.get_output_details()[0]
+
+    def _resize(self, batch):
+        if batch != self._batch:
+            shape = list(self.input_details["shape"])
+            shape[0] = batch
+            try:
+                self._interpreter.resize_tensor_input(self.input_details["index"], shape)
+                self._interpreter.allocate_tensors()
+            except (RuntimeError, ValueError) as error:
+                raise ExportError(
+                    f"LiteRT cannot run the .tflite file at batch size {batch}: {str(error).strip()[:500]}"
+                ) from error
+            self._batch = batch
+
+    def _quantize_input(self, x):
+        details = self.input_details
+        if details["dtype"] in (np.int8, np.uint8) and np.issubdtype(x.dtype, np.floating):
+            scale, zero_point = details["quantization"]
+            info = np.iinfo(details["dtype"])
+            return np.clip(np.round(x / scale + zero_point), info.min, info.max).astype(details["dtype"])
+        return x.astype(details["dtype"])
+
+    def _dequantize_output(self, y):
+        details = self.output_details
+        if details["dtype"] in (np.int8, np.uint8):
+            scale, zero_point = details["quantization"]
+            return (y.astype(np.float32) - zero_point) * scale
+        return y.astype(np.float32)
+
+    def predict(self, x: np.ndarray, batch_size: int = 32) -> np.ndarray:
+        """Outputs for all of `x`, in batches of `batch_size`."""
+        outputs = []
+        for start in range(0, len(x), batch_size):
+            chunk = x[start : start + batch_size]
+            self._resize(len(chunk))
+            self._interpreter.set_tensor(self.input_details["index"], self._quantize_input(chunk))
+            try:
+                self._interpreter.invoke()
+            except (RuntimeError, ValueError) as error:
+                raise ExportError(f"LiteRT failed to run the .tflite file: {str(error).strip()[:500]}") from error
+            outputs.append(self._dequantize_output(self._interpreter.get_tensor(self.output_details["index"])))
+        return np.concatenate(outputs)
+
+    def latency_ms_per_sample(self, sample: np.ndarray, *, warmup: int = 5, min_runs: int = 30, budget_s: float = 0.5):
+        """Median milliseconds of one batch-1 invocation."""
+        self._resize(1)
+        quantized = self._quantize_input(sample[None, ...])
+        index = self.input_details["index"]
+        for _ in range(warmup):
+            self._interpreter.set_tensor(index, quantized)
+            self._interpreter.invoke()
+        timings, started = [], time.perf_counter()
+        while len(timings) < min_runs or (time.perf_counter() - started < budget_s and len(timings) < 2000):
+            tick = time.perf_counter()
+            self._interpreter.set_tensor(index, quantized)
+            self._interpreter.invoke()
+            timings.append(time.perf_counter() - tick)
+        return float(np.median(timings) * 1000.0)

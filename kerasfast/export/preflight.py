@@ -1,0 +1,244 @@
+"""Checks run before an export writes anything: formats, model, data."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from kerasfast.errors import DataError, ExportError
+from kerasfast.export.formats import DEFAULT_FORMATS, FORMATS
+
+# Layers Keras's model.quantize("int8") converts; everything else with
+# weights stays in float (Keras only warns, per layer).
+KERAS_INT8_LAYER_TYPES = (keras.layers.Dense, keras.layers.EinsumDense, keras.layers.Embedding)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSignature:
+    """The single input and output of an exportable model."""
+
+    input_shape: tuple  # without the batch dimension
+    input_dtype: str
+    output_shape: tuple
+
+    def tensor_spec(self):
+        return tf.TensorSpec((None, *self.input_shape), self.input_dtype)
+
+
+def resolve_formats(formats, has_representative_data: bool) -> list[str]:
+    """Validated list of format names (defaults when `formats` is None)."""
+    if formats is None:
+        chosen = list(DEFAULT_FORMATS) + (["tflite_int8"] if has_representative_data else [])
+    else:
+        chosen = [formats] if isinstance(formats, str) else list(formats)
+        if not chosen:
+            raise ExportError(f"formats is empty; pass one or more of {sorted(FORMATS)}.")
+    unknown = [name for name in chosen if name not in FORMATS]
+    if unknown:
+        raise ExportError(f"Unknown export format(s) {unknown}. Known formats: {', '.join(FORMATS)}.")
+    missing_data = [n for n in chosen if FORMATS[n].needs_representative_data and not has_representative_data]
+    if missing_data:
+        raise ExportError(
+            f"{missing_data} calibrates activation ranges and needs representative_data=... "
+            "(a few hundred training inputs, shaped like the model input)."
+        )
+    return list(dict.fromkeys(chosen))
+
+
+def model_signature(model) -> ModelSignature:
+    """Input/output shapes of a built single-input, single-output model."""
+    if not getattr(model, "built", False):
+        raise ExportError("The model is not built; call it on a batch or build it before exporting.")
+    inputs = getattr(model, "inputs", None)
+    outputs = getattr(model, "outputs", None)
+    if not inputs or not outputs:
+        raise ExportError(
+            f"Cannot read the input signature of {type(model).__name__}: export needs a Functional or "
+            "Sequential model (with an Input) so the serving signature and TFLite shapes are known."
+        )
+    if len(inputs) != 1 or len(outputs) != 1:
+        raise ExportError(
+            f"The model has {len(inputs)} inputs and {len(outputs)} outputs; kerasfast export handles "
+            "single-input, single-output models."
+        )
+    input_shape = tuple(inputs[0].shape[1:])
+    return ModelSignature(input_shape, str(inputs[0].dtype), tuple(outputs[0].shape[1:]))
+
+
+def _first_line(error) -> str:
+    text = str(error).strip().splitlines()
+    return text[0][:300] if text else type(error).__name__
+
+
+def check_traceable(model, signature: ModelSignature, formats) -> None:
+    """Refuses models a SavedModel/TFLite export cannot trace into a graph.
+
+    Raises:
+        ExportError: naming the first layer that fails to trace.
+    """
+    graph_formats = [f for f in formats if f != "keras"]
+    if not graph_formats:
+        return
+    try:
+        tf.function(lambda x: model(x, training=False)).get_concrete_function(signature.tensor_spec())
+        return
+    except Exception as model_error:  # find the layer to name
+        culprit, reason = None, _first_line(model_error)
+        for layer in model.layers:
+            layer_inputs = getattr(layer, "input", None)
+            if layer_inputs is None or isinstance(layer, keras.layers.InputLayer):
+                continue
+            specs = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), layer_inputs)
+            try:
+                tf.function(lambda *a: layer(*a, training=False) if _accepts_training(layer) else layer(*a)).get_concrete_function(specs)
+            except Exception as layer_error:
+                culprit, reason = layer, _first_line(layer_error)
+                break
+        where = f"layer '{culprit.name}' ({type(culprit).__name__})" if culprit else "the model"
+        raise ExportError(
+            f"{where} cannot be traced into a TensorFlow graph, so none of the formats {graph_formats} can "
+            f"export it: {reason}. Write its call() with keras.ops / TensorFlow ops (no NumPy or Python "
+            "values taken from tensors), or export with formats=['keras'] only."
+        ) from model_error
+
+
+def _accepts_training(layer) -> bool:
+    import inspect
+
+    try:
+        return "training" in inspect.signature(layer.call).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def check_keras_serializable(model) -> None:
+    """Refuses models whose layers could not be loaded back from `.keras`."""
+    problems = []
+    custom_objects = keras.saving.get_custom_objects()
+    for layer in [model, *model._flatten_layers(include_self=False, recursive=True)]:
+        cls = type(layer)
+        builtin = cls.__module__.startswith("keras.")
+        registered = keras.saving.get_registered_name(cls) in custom_objects
+        if not (builtin or registered):
+            problems.append(f"'{layer.name}' ({cls.__name__}: not registered)")
+            continue
+        try:
+            layer.get_config()
+        except NotImplementedError:
+            problems.append(f"'{layer.name}' ({cls.__name__}: get_config() not implemented)")
+    if problems:
+        raise ExportError(
+            f"The 'keras' format cannot save layers {problems} so that they load again. Decorate each "
+            "class with @keras.saving.register_keras_serializable() and give it a get_config(), or drop "
+            "'keras' from formats."
+        )
+
+
+def check_keras_int8_quantizable(model) -> list[str]:
+    """Names of the layers Keras int8 quantisation would leave in float.
+
+    Raises:
+        ExportError: if no layer at all can be quantised.
+    """
+    layers = model._flatten_layers(include_self=False, recursive=True)
+    quantizable = [l for l in layers if isinstance(l, KERAS_INT8_LAYER_TYPES)]
+    left_in_float = [
+        l.name for l in layers
+        if l.weights and not isinstance(l, KERAS_INT8_LAYER_TYPES) and not isinstance(l, keras.Model)
+    ]
+    if not quantizable:
+        raise ExportError(
+            f"'saved_model_int8' uses Keras model.quantize('int8'), which only converts Dense, EinsumDense "
+            f"and Embedding layers, and this model has none (layers with weights: {left_in_float}). "
+            "Use 'tflite_int8' or 'tflite_dynamic_int8' instead."
+        )
+    return left_in_float
+
+
+def _take_inputs(data, limit, argument):
+    """First `limit` input samples of arrays / (x, y) tuples / datasets."""
+    if data is None:
+        return None
+    if isinstance(data, tf.data.Dataset):
+        chunks, count = [], 0
+        for element in data:
+            x = element[0] if isinstance(element, (tuple, list)) else element
+            x = np.asarray(x)
+            chunks.append(x)
+            count += len(x) if x.ndim else 1
+            if count >= limit:
+                break
+        if not chunks:
+            raise DataError(f"{argument} is an empty dataset; pass a few hundred input samples.")
+        return np.concatenate(chunks)[:limit]
+    if isinstance(data, (tuple, list)):
+        data = data[0]
+    if isinstance(data, dict):
+        raise DataError(f"{argument} is a dict; single-input export takes an array of inputs.")
+    try:
+        array = np.asarray(data)
+    except Exception as error:
+        raise DataError(f"{argument} cannot be read as an array: {error}") from error
+    return array[:limit]
+
+
+def check_inputs(data, signature: ModelSignature, *, argument: str, limit: int) -> np.ndarray | None:
+    """Validates and converts input samples to the model's input dtype.
+
+    Raises:
+        DataError: empty data, wrong shape or wrong kind of dtype.
+    """
+    array = _take_inputs(data, limit, argument)
+    if array is None:
+        return None
+    if array.ndim == 0 or len(array) == 0:
+        raise DataError(f"{argument} holds no samples; pass a few hundred inputs shaped like {signature.input_shape}.")
+    sample_shape = array.shape[1:]
+    expected = signature.input_shape
+    compatible = len(sample_shape) == len(expected) and all(
+        e is None or int(e) == int(s) for e, s in zip(expected, sample_shape)
+    )
+    if not compatible:
+        raise DataError(
+            f"{argument} samples have shape {tuple(sample_shape)} but the model input is "
+            f"{tuple(expected)} (batch dimension first, then exactly these). Reshape the data, e.g. "
+            f"x.reshape(-1, {', '.join(str(d) for d in expected)})."
+        )
+    want = np.dtype(signature.input_dtype)
+    if array.dtype.kind not in ("f", "i", "u", "b") or (want.kind == "f") != (array.dtype.kind == "f"):
+        raise DataError(
+            f"{argument} has dtype {array.dtype} but the model input is {want}; pass "
+            f"{'floating-point' if want.kind == 'f' else 'integer'} data (e.g. x.astype('{want}'))."
+        )
+    array = array.astype(want)
+    if want.kind == "f" and not np.all(np.isfinite(array)):
+        raise DataError(f"{argument} contains NaN or infinite values.")
+    return array
+
+
+def check_eval_data(eval_data, signature: ModelSignature, limit: int = 100_000):
+    """`(x, y)` arrays from `eval_data` (tuple or dataset of (x, y))."""
+    if eval_data is None:
+        return None
+    if isinstance(eval_data, tf.data.Dataset):
+        xs, ys = [], []
+        for element in eval_data:
+            if not isinstance(element, (tuple, list)) or len(element) < 2:
+                raise DataError("eval_data dataset must yield (x, y) batches.")
+            xs.append(np.asarray(element[0]))
+            ys.append(np.asarray(element[1]))
+        if not xs:
+            raise DataError("eval_data is an empty dataset.")
+        x, y = np.concatenate(xs), np.concatenate(ys)
+    elif isinstance(eval_data, (tuple, list)) and len(eval_data) == 2:
+        x, y = np.asarray(eval_data[0]), np.asarray(eval_data[1])
+    else:
+        raise DataError("eval_data must be an (x, y) tuple of arrays or a tf.data.Dataset of (x, y) batches.")
+    x = check_inputs(x[:limit], signature, argument="eval_data x", limit=limit)
+    y = y[:limit]
+    if len(y) != len(x):
+        raise DataError(f"eval_data has {len(x)} inputs but {len(y)} labels.")
+    return x, y

@@ -1,0 +1,175 @@
+"""Bad export input: a clear error and nothing written; failures are atomic."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from kerasfast.errors import DataError, ExportError
+from kerasfast.export import export_model
+
+
+def small_model(name="small"):
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((6,))
+    hidden = keras.layers.Dense(8, activation="relu", name="hidden")(inputs)
+    return keras.Model(inputs, keras.layers.Dense(3, name="out")(hidden), name=name)
+
+
+class NumpyMean(keras.layers.Layer):
+    """Works eagerly but pulls a value out of a tensor with NumPy: untraceable."""
+
+    def call(self, x):
+        return x - np.float32(np.asarray(x).mean())
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+
+class Unregistered(keras.layers.Layer):
+    def call(self, x):
+        return x * 2.0
+
+
+def model_with(layer):
+    inputs = keras.Input((6,))
+    return keras.Model(inputs, keras.layers.Dense(3, name="out")(layer(inputs)))
+
+
+@pytest.fixture
+def previous_export(tmp_path):
+    out_dir = tmp_path / "exported"
+    out_dir.mkdir()
+    (out_dir / "model.keras").write_bytes(b"previous model")
+    return out_dir
+
+
+def assert_untouched(out_dir):
+    assert sorted(p.name for p in out_dir.iterdir()) == ["model.keras"]
+    assert (out_dir / "model.keras").read_bytes() == b"previous model"
+    leftovers = [p.name for p in out_dir.parent.iterdir() if p.name.startswith(".")]
+    assert leftovers == [], leftovers
+
+
+def test_unknown_format_is_refused(previous_export):
+    with pytest.raises(ExportError, match=r"Unknown export format\(s\) \['onnx'\]. Known formats: keras, "):
+        export_model(small_model(), previous_export, formats=["keras", "onnx"])
+    assert_untouched(previous_export)
+
+
+def test_tflite_int8_without_representative_data_is_refused(previous_export):
+    with pytest.raises(ExportError, match=r"\['tflite_int8'\] calibrates activation ranges and needs representative_data"):
+        export_model(small_model(), previous_export, formats=["tflite_int8"])
+    assert_untouched(previous_export)
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (np.zeros((10, 7), "float32"), r"representative_data samples have shape \(7,\) but the model input is \(6,\)"),
+        (np.zeros((10, 2, 3), "float32"), r"samples have shape \(2, 3\)"),
+        (np.zeros((10, 6), "int64"), r"representative_data has dtype int64 but the model input is float32"),
+        (np.array([["a"] * 6] * 4), r"has dtype <U1 but the model input is float32"),
+        (np.zeros((0, 6), "float32"), r"representative_data holds no samples"),
+        (tf.data.Dataset.from_tensor_slices(np.zeros((0, 6), "float32")).batch(4), "empty dataset"),
+        (np.full((4, 6), np.nan, "float32"), "NaN or infinite"),
+    ],
+)
+def test_bad_representative_data_is_refused(previous_export, data, message):
+    with pytest.raises(DataError, match=message):
+        export_model(small_model(), previous_export, formats=["tflite_int8"], representative_data=data)
+    assert_untouched(previous_export)
+
+
+def test_bad_eval_data_is_refused(previous_export):
+    with pytest.raises(DataError, match="eval_data has 5 inputs but 4 labels"):
+        export_model(small_model(), previous_export, formats=["keras"],
+                     eval_data=(np.zeros((5, 6), "float32"), np.zeros(4)))
+    assert_untouched(previous_export)
+
+
+def test_layer_no_graph_format_supports_is_named(previous_export):
+    model = model_with(NumpyMean(name="numpy_mean"))
+    with pytest.raises(ExportError, match=r"layer 'numpy_mean' \(NumpyMean\) cannot be traced.*"
+                       r"none of the formats \['saved_model', 'tflite_float32'\]"):
+        export_model(model, previous_export, formats=["saved_model", "tflite_float32"])
+    assert_untouched(previous_export)
+
+
+def test_unregistered_custom_layer_is_refused_for_keras_format(previous_export):
+    model = model_with(Unregistered(name="doubler"))
+    with pytest.raises(ExportError, match=r"'keras' format cannot save layers \[\"'doubler' \(Unregistered: not "
+                       r"registered\)\"\].*register_keras_serializable"):
+        export_model(model, previous_export, formats=["keras", "tflite_float32"])
+    assert_untouched(previous_export)
+
+
+def test_keras_int8_on_a_model_without_dense_layers_is_refused(previous_export):
+    inputs = keras.Input((8, 8, 1))
+    model = keras.Model(inputs, keras.layers.Conv2D(2, 3, name="only_conv")(inputs))
+    with pytest.raises(ExportError, match=r"has none \(layers with weights: \['only_conv'\]\)"):
+        export_model(model, previous_export, formats=["saved_model_int8"])
+    assert_untouched(previous_export)
+
+
+def test_unwritable_out_dir_is_refused(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ExportError, match=rf"out_dir {blocker}/exported cannot be created: {blocker} is a file"):
+        export_model(small_model(), blocker / "exported", formats=["keras"])
+    with pytest.raises(ExportError, match="exists and is a file"):
+        export_model(small_model(), blocker, formats=["keras"])
+    assert blocker.read_text() == "not a folder"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
+def test_unbuilt_or_multi_input_model_is_refused(previous_export):
+    with pytest.raises(ExportError, match="not built"):
+        export_model(keras.Sequential([keras.layers.Dense(2)]), previous_export, formats=["keras"])
+    a, b = keras.Input((2,)), keras.Input((3,))
+    two_inputs = keras.Model([a, b], keras.layers.Concatenate()([a, b]))
+    with pytest.raises(ExportError, match="2 inputs and 1 outputs"):
+        export_model(two_inputs, previous_export, formats=["keras"])
+    assert_untouched(previous_export)
+
+
+def test_op_without_tflite_builtin_fails_naming_the_op_and_keeps_previous_export(previous_export):
+    inputs = keras.Input((6,))
+    outputs = keras.layers.Lambda(lambda t: keras.ops.erfinv(keras.ops.tanh(t) * 0.5), name="erfinv_layer")(inputs)
+    model = keras.Model(inputs, outputs)
+    # keras and saved_model succeed in the staging folder first; the TFLite
+    # failure must throw all of it away.
+    with pytest.raises(ExportError, match=r"not TFLite builtins: \['Erfinv'\] \(in layer\(s\) \['erfinv_layer'\]\)"):
+        export_model(model, previous_export, formats=["saved_model", "tflite_float32"])
+    assert_untouched(previous_export)
+
+
+def test_success_replaces_previous_contents(previous_export):
+    result = export_model(small_model(), previous_export, formats=["keras"])
+    assert sorted(p.name for p in previous_export.iterdir()) == ["model.keras", "report.json", "report.md"]
+    assert (previous_export / "model.keras").read_bytes() != b"previous model"
+    assert result.out_dir == previous_export
+    assert [p.name for p in previous_export.parent.iterdir() if p.name.startswith(".")] == []
+
+
+def flex_model():
+    inputs = keras.Input((4,))
+    square = keras.layers.Reshape((2, 2))(inputs)
+    inverse = keras.layers.Lambda(lambda t: tf.linalg.inv(t + 3.0 * tf.eye(2)), name="inverse")(square)
+    return keras.Model(inputs, keras.layers.Flatten()(inverse))
+
+
+def test_model_needing_flex_ops_is_refused_naming_them(previous_export):
+    with pytest.raises(ExportError, match=r"not TFLite builtins: \['MatrixInverse'\] \(in layer\(s\) \['inverse'\]\).*"
+                       "allow_flex_ops=True"):
+        export_model(flex_model(), previous_export, formats=["tflite_float32"])
+    assert_untouched(previous_export)
+
+
+def test_flex_ops_when_allowed_are_kept_but_reported_unverified(tmp_path):
+    result = export_model(flex_model(), tmp_path / "flex", formats=["tflite_float32"], allow_flex_ops=True)
+    (row,) = result.rows
+    assert not row.verified and "Flex delegate" in row.notes
+    assert result.path("tflite_float32").stat().st_size == row.size_bytes > 0
