@@ -45,7 +45,6 @@ def test_auto_never_picks_float16_on_a_cpu():
 def test_auto_xla_on_a_single_gpu_and_off_on_cpu():
     assert resolve_plan(Hardware(gpus=(GPU("A100", (8, 0)),))).jit_compile is True
     assert resolve_plan(CPU_BF16).jit_compile is False
-    assert resolve_plan(Hardware(gpus=(GPU("A100", (8, 0)),)), num_replicas=2).jit_compile is False
 
 
 def test_every_field_has_a_reason_and_round_trips_as_json():

@@ -9,12 +9,16 @@ the user's model and leaves a run folder behind.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import pathlib
+import shutil
+import tempfile
 
 import keras
 
 from kerasfast import costs, threads
+from kerasfast.distribute import DistributedSteps, resolve_strategy
 from kerasfast.errors import DataError, ModelError, PlanError
 from kerasfast.hardware import detect_hardware
 from kerasfast.plan import DataFacts, ModelFacts, Plan, RunFacts, resolve_plan, resolve_precision
@@ -135,6 +139,8 @@ def fit(
     warmup_steps="auto",
     intra_op_threads="auto",
     inter_op_threads="auto",
+    strategy="auto",
+    scale_lr: bool = False,
     run_dir=None,
     save_model_file: bool = True,
 ) -> FitResult:
@@ -171,8 +177,13 @@ def fit(
         lr_schedule: "auto", "warmup_cosine", "one_cycle" or "constant".
         warmup_steps: "auto" or warm-up updates for "warmup_cosine".
         intra_op_threads, inter_op_threads: "auto" or TensorFlow thread counts.
+        strategy: "auto", "none", "mirrored", "multi_worker" or a
+            `tf.distribute.Strategy` (see `kerasfast.distribute`).
+        scale_lr: Multiply the learning rate by the number of replicas.
         run_dir: Folder for the run's files; None makes a new one under
-            `kerasfast_runs/`, False writes nothing.
+            `kerasfast_runs/`, False writes nothing. Only the chief worker
+            writes it; other workers write to a temporary folder that is
+            removed.
         save_model_file: Save the trained model as `model.keras` in the run
             folder.
 
@@ -212,11 +223,15 @@ def fit(
     )
     if not started:
         threads.configure_threads(early.intra_op_threads, early.inter_op_threads)
+    distribution = resolve_strategy(strategy, hardware)
+    tf_strategy = distribution.strategy
+    if distribution.name == "multi_worker" and seed is None:
+        # Every worker must shuffle identically, or sharding by data would
+        # give workers overlapping samples.
+        seed = 0
 
     policy, _ = resolve_precision(hardware, precision)
     train_data = prepare_data(data, batch_size=batch_size or 32, shuffle=shuffle, seed=seed)
-    if steps_per_epoch is not None:
-        train_data.facts = dataclasses.replace(train_data.facts, steps_per_epoch=steps_per_epoch)
     val_data = None
     if validation_data is not None:
         val_data = prepare_data(validation_data, batch_size=train_data.facts.batch_size or batch_size or 32,
@@ -228,7 +243,8 @@ def fit(
             check_inputs_match(model, val_data.sample_inputs, "validation_data")
     requested_remat = early.remat
     try:
-        prepared: PreparedModel = prepare_model(model, policy, requested_remat, train_data.sample_inputs)
+        prepared: PreparedModel = prepare_model(model, policy, requested_remat, train_data.sample_inputs,
+                                                strategy=tf_strategy)
     except (ModelError, PlanError, DataError):
         raise
     except (ValueError, TypeError) as error:
@@ -271,38 +287,58 @@ def fit(
         batch_size=batch_size, grad_accum_steps=grad_accum_steps, clipnorm=clipnorm, remat=remat,
         learning_rate=learning_rate, lr_schedule=lr_schedule, warmup_steps=warmup_steps,
         intra_op_threads=intra_op_threads, inter_op_threads=inter_op_threads,
+        steps_per_epoch=steps_per_epoch, scale_lr=scale_lr,
+        num_replicas=distribution.num_replicas, strategy_name=distribution.name,
+        strategy_reason=distribution.reason,
+        whole_updates_per_execution=tf_strategy is not None,
     )
-    if verbose != 0:
+    if verbose != 0 and distribution.is_chief:
         print(plan)
         print(f"  data: {train_data.description}; model: {prepared.how}")
 
     folder = None
     if run_dir is not False:
-        folder = pathlib.Path(run_dir) if run_dir is not None else new_run_dir(DEFAULT_ROOT)
+        if distribution.is_chief:
+            folder = pathlib.Path(run_dir) if run_dir is not None else new_run_dir(DEFAULT_ROOT)
+        else:
+            folder = pathlib.Path(tempfile.mkdtemp(prefix=f"kerasfast-worker{distribution.cluster.index}-"))
         folder.mkdir(parents=True, exist_ok=True)
         write_json(folder / "plan.json", {**plan.to_dict(), "hardware": hardware.to_dict()})
 
     compile_kwargs = {k: settings[k] for k in ("loss_weights", "weighted_metrics") if settings.get(k) is not None}
-    with build_scope(plan.precision):
-        # Optimizer variables and metrics are created under the same policy.
+
+    def scope():
+        return tf_strategy.scope() if tf_strategy is not None else contextlib.nullcontext()
+
+    with scope(), build_scope(plan.precision):
+        # Optimizer variables and metrics are created under the same policy
+        # (and strategy) as the model's.
         train_model.compile(
-            optimizer=optimizers.build_optimizer(plan, template),
+            optimizer=optimizers.build_optimizer(plan, template, accumulate=tf_strategy is None),
             loss=user_loss,
             metrics=user_metrics,
-            jit_compile=plan.jit_compile,
+            jit_compile=plan.jit_compile if tf_strategy is None else False,
             steps_per_execution=plan.steps_per_execution,
             **compile_kwargs,
         )
-    meter = ThroughputMeter(samples_counter(plan.global_batch_size, train_data.facts.num_samples))
-    history = train_model.fit(
-        train_data.dataset,
-        validation_data=val_data.dataset if val_data is not None else None,
-        epochs=epochs,
-        steps_per_epoch=steps_per_epoch,
-        callbacks=callbacks + [meter],
-        verbose=verbose,
-        shuffle=False,  # the dataset shuffles itself; Keras would only warn
-    )
+        if tf_strategy is not None:
+            DistributedSteps.prepare(train_model, tf_strategy, plan, train_data.sample_batch)
+    train_dataset = train_data.dataset
+    if tf_strategy is not None:
+        # Whole executions over repeated data: no step is ever conditional.
+        train_dataset = train_dataset.repeat()
+    num_samples = train_data.facts.num_samples if tf_strategy is None else None
+    meter = ThroughputMeter(samples_counter(plan.global_batch_size, num_samples))
+    with scope():
+        history = train_model.fit(
+            train_dataset,
+            validation_data=val_data.dataset if val_data is not None else None,
+            epochs=epochs,
+            steps_per_epoch=plan.steps_per_epoch if tf_strategy is not None else steps_per_epoch,
+            callbacks=callbacks + [meter],
+            verbose=verbose if distribution.is_chief else 0,
+            shuffle=False,  # the dataset shuffles itself; Keras would only warn
+        )
     if prepared.rebuilt:
         user_model = prepared.user_model
         copy_weights(train_model, user_model)
@@ -327,7 +363,10 @@ def fit(
         write_json(folder / "result.json", result.summary())
         if save_model_file:
             save_model(train_model, folder / "model.keras")
-    if verbose != 0:
+        if not distribution.is_chief:
+            shutil.rmtree(folder, ignore_errors=True)
+            result.run_dir = None
+    if verbose != 0 and distribution.is_chief:
         if result.throughput.samples_per_second:
             print(f"kerasfast: {result.throughput.samples_per_second:,.0f} samples/s, "
                   f"{result.throughput.steps_per_second:,.1f} steps/s after the first execution "

@@ -28,12 +28,14 @@ class PreparedData:
         facts: `DataFacts` for the plan.
         sample_inputs: The `x` of one batch (to build and check the model).
         description: One line for the plan and the run folder.
+        sample_batch: One whole batch `(x, y[, sample_weight])`.
     """
 
     dataset: object
     facts: DataFacts
     sample_inputs: object
     description: str
+    sample_batch: object = None
 
 
 def _first_dim(structure) -> int | None:
@@ -71,9 +73,9 @@ def _arrays(data, batch_size: int, shuffle: bool, seed: int | None, what: str) -
     if shuffle:
         dataset = dataset.shuffle(num_samples, seed=seed, reshuffle_each_iteration=True)
     dataset = dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE)
-    sample = tf.nest.map_structure(lambda a: np.asarray(a)[:batch_size], parts[0])
+    sample = tf.nest.map_structure(lambda a: np.asarray(a)[:batch_size], tuple(parts))
     facts = DataFacts(batch_size=None, num_samples=num_samples, steps_per_epoch=math.ceil(num_samples / batch_size))
-    return PreparedData(dataset, facts, sample, f"NumPy arrays, {num_samples} samples")
+    return PreparedData(dataset, facts, sample[0], f"NumPy arrays, {num_samples} samples", sample)
 
 
 def _dataset(dataset, what: str) -> PreparedData:
@@ -96,7 +98,7 @@ def _dataset(dataset, what: str) -> PreparedData:
     else:
         detail = f"{steps} batches" if steps else "unknown length"
     facts = DataFacts(batch_size=batch, steps_per_epoch=steps)
-    return PreparedData(dataset, facts, first[0], f"tf.data.Dataset, {detail}, batch {batch}")
+    return PreparedData(dataset, facts, first[0], f"tf.data.Dataset, {detail}, batch {batch}", tuple(first))
 
 
 def _tfrecords(pattern: str, batch_size: int, shuffle: bool, seed: int | None, what: str) -> PreparedData:

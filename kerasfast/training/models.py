@@ -172,7 +172,8 @@ class PreparedModel:
     how: str
 
 
-def prepare_model(model_or_builder, policy: str, remat: str | None, sample_inputs) -> PreparedModel:
+def prepare_model(model_or_builder, policy: str, remat: str | None, sample_inputs, *,
+                  strategy=None) -> PreparedModel:
     """Returns a model computing in `policy`, cloning the user's when needed.
 
     Args:
@@ -181,27 +182,37 @@ def prepare_model(model_or_builder, policy: str, remat: str | None, sample_input
         policy: Dtype policy name from the plan.
         remat: Rematerialisation mode from the plan, or None.
         sample_inputs: One batch of inputs, used to build unbuilt models.
+        strategy: A `tf.distribute.Strategy` whose scope the model's variables
+            must be created in, or None.
 
     Returns:
         A `PreparedModel`.
     """
+
+    def scope():
+        return strategy.scope() if strategy is not None else contextlib.nullcontext()
+
     if isinstance(model_or_builder, keras.Model):
         model = model_or_builder
         _ensure_built(model, sample_inputs)
-        if computes_in(model, policy, remat):
+        under_strategy = strategy is None or model.distribute_strategy is strategy
+        if computes_in(model, policy, remat) and under_strategy:
             return PreparedModel(model, model, False, f"trained in place: already built under {policy}")
-        clone = clone_under(model, policy, remat)
-        _ensure_built(clone, sample_inputs)
-        copy_weights(model, clone)
-        return PreparedModel(clone, model, True, f"rebuilt under {policy}, weights carried across and back")
+        with scope():
+            clone = clone_under(model, policy, remat)
+            _ensure_built(clone, sample_inputs)
+            copy_weights(model, clone)
+        where = " in the strategy's scope" if strategy is not None else ""
+        return PreparedModel(clone, model, True, f"rebuilt under {policy}{where}, weights carried across and back")
     if callable(model_or_builder):
-        with build_scope(policy, remat):
+        with scope(), build_scope(policy, remat):
             model = model_or_builder()
         if not isinstance(model, keras.Model):
             raise ModelError(
                 f"the model builder returned {type(model).__name__}, not a keras.Model: make it return the model."
             )
-        _ensure_built(model, sample_inputs)
+        with scope():
+            _ensure_built(model, sample_inputs)
         return PreparedModel(model, None, False, f"built by your function under {policy}")
     raise ModelError(
         f"model must be a keras.Model or a zero-argument function that builds one, not {type(model_or_builder).__name__}."

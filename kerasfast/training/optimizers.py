@@ -41,7 +41,7 @@ def learning_rate_schedule(plan: Plan):
     return plan.learning_rate
 
 
-def build_optimizer(plan: Plan, user_optimizer=None):
+def build_optimizer(plan: Plan, user_optimizer=None, *, accumulate: bool = True):
     """Creates the optimizer for a run.
 
     The user's optimizer is re-created from its config (so that it is fresh
@@ -52,6 +52,8 @@ def build_optimizer(plan: Plan, user_optimizer=None):
         plan: The resolved plan.
         user_optimizer: A Keras optimizer instance, its name (e.g. "adam"),
             or None.
+        accumulate: Let the optimizer accumulate gradients (single device);
+            False when kerasfast's distributed steps accumulate them.
 
     Returns:
         A Keras optimizer; wrapped in a dynamic `LossScaleOptimizer` when the
@@ -65,7 +67,7 @@ def build_optimizer(plan: Plan, user_optimizer=None):
         if plan.lr_schedule != "optimizer's own" or plan.learning_rate is not None and "learning_rate" in plan.overridden:
             config["learning_rate"] = learning_rate_schedule(plan)
         optimizer = template.__class__.from_config(config)
-    optimizer.gradient_accumulation_steps = plan.grad_accum_steps if plan.grad_accum_steps > 1 else None
+    optimizer.gradient_accumulation_steps = plan.grad_accum_steps if accumulate and plan.grad_accum_steps > 1 else None
     if plan.clipnorm is not None:
         optimizer.clipnorm = None
         optimizer.clipvalue = None

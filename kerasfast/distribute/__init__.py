@@ -1,0 +1,16 @@
+"""Data-parallel training over several devices and machines (tf.distribute)."""
+
+from kerasfast.distribute.strategy import (
+    ClusterSpec,
+    Distribution,
+    cluster_from_env,
+    multi_worker_strategy,
+    resolve_strategy,
+    setup,
+)
+from kerasfast.distribute.steps import DistributedSteps
+
+__all__ = [
+    "ClusterSpec", "DistributedSteps", "Distribution", "cluster_from_env", "multi_worker_strategy",
+    "resolve_strategy", "setup",
+]

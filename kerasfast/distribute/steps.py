@@ -1,0 +1,257 @@
+"""kerasfast's own distributed train and test steps.
+
+Under tf.distribute, Keras 3.15's step functions fail with XLA, with
+`steps_per_execution` > 1 (a `tf.while_loop` over optionals around
+`strategy.run`) and with the optimizer's gradient accumulation (a
+`merge_call` inside a `tf.cond`). These steps avoid all three by
+construction:
+
+- one execution is a fixed, unrolled sequence of micro-steps, with an
+  optimizer update after every `grad_accum_steps`-th; the data is repeated
+  and the epoch length made a multiple of the execution, so no step is
+  conditional;
+- gradients are accumulated in per-replica (sync-on-read) variables and
+  applied by a separate `strategy.run`, so the cross-replica all-reduce
+  never sits inside a conditional;
+- only the forward and backward pass is compiled with XLA, never the
+  collective, which XLA cannot run on CPUs.
+
+Keras's `fit` loop, callbacks, History and progress bar are kept: the steps
+are installed as the model's `train_function` / `test_function`.
+"""
+
+from __future__ import annotations
+
+import keras
+
+from kerasfast.distribute import keras_compat
+
+
+def _unpack(data):
+    return keras.utils.unpack_x_y_sample_weight(data)
+
+
+def _batch_size(x):
+    import tensorflow as tf
+
+    return tf.shape(keras.tree.flatten(x)[0])[0]
+
+
+def _reduce_logs(strategy, logs):
+    import tensorflow as tf
+
+    return {name: strategy.reduce(tf.distribute.ReduceOp.MEAN, value, axis=None) for name, value in logs.items()}
+
+
+class DistributedSteps:
+    """Builds and installs the train/test functions on a compiled model.
+
+    Args:
+        model: A compiled Keras model whose state was built under `strategy`.
+        strategy: The `tf.distribute.Strategy`.
+        steps_per_execution: Train (micro-)steps per call.
+        grad_accum_steps: Micro-steps whose gradients are averaged per update.
+        jit_compile: Compile the forward + backward pass with XLA.
+    """
+
+    def __init__(self, model, strategy, *, steps_per_execution: int, grad_accum_steps: int, jit_compile: bool,
+                 micro_steps_done: int = 0):
+        self.model = model
+        self.strategy = strategy
+        self.steps_per_execution = steps_per_execution
+        self.grad_accum_steps = grad_accum_steps
+        self.jit_compile = jit_compile
+        self._accumulators = None
+        self._compute_fn = None
+        # Micro-steps run so far (resumed runs start from their checkpoint).
+        self.micro_steps = micro_steps_done
+
+    # -- replica functions -------------------------------------------------
+
+    def _forward_backward(self, x, y, sample_weight):
+        import tensorflow as tf
+
+        model = self.model
+        with tf.GradientTape() as tape:
+            if keras_compat.call_has_training_arg(model):
+                y_pred = model(x, training=True)
+            else:
+                y_pred = model(x)
+            # The loss is already divided by the number of replicas (Keras
+            # scales it for distribution), so summed gradients are a mean.
+            loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
+            scaled = model.optimizer.scale_loss(loss)
+        gradients = tape.gradient(scaled, model.trainable_variables)
+        return loss, y_pred, gradients
+
+    def _track(self, x, y, y_pred, sample_weight, loss):
+        from keras.src.losses.loss import unscale_loss_for_distribution
+
+        keras_compat.loss_tracker(self.model).update_state(
+            unscale_loss_for_distribution(loss), sample_weight=_batch_size(x)
+        )
+        return self.model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def _compute(self):
+        import tensorflow as tf
+
+        compute = self._forward_backward
+        if self.jit_compile:
+            compute = tf.function(compute, jit_compile=True, reduce_retracing=True)
+        return compute
+
+    def _make_replica_train_step(self, compute):
+        model = self.model
+
+        def step(data):
+            x, y, sample_weight = _unpack(data)
+            loss, y_pred, gradients = compute(x, y, sample_weight)
+            model.optimizer.apply(gradients, model.trainable_variables)
+            return self._track(x, y, y_pred, sample_weight, loss)
+
+        return step
+
+    def _make_replica_micro_step(self, compute):
+        def micro_step(data):
+            x, y, sample_weight = _unpack(data)
+            loss, y_pred, gradients = compute(x, y, sample_weight)
+            for accumulator, gradient in zip(self._accumulators, gradients):
+                accumulator.assign_add(gradient)
+            return self._track(x, y, y_pred, sample_weight, loss)
+
+        return micro_step
+
+    def _replica_apply(self):
+        model = self.model
+        gradients = [accumulator / self.grad_accum_steps for accumulator in self._accumulators]
+        model.optimizer.apply(gradients, model.trainable_variables)
+        for accumulator in self._accumulators:
+            accumulator.assign(keras.ops.zeros_like(accumulator))
+
+    def _create_accumulators(self):
+        import tensorflow as tf
+
+        with self.strategy.scope():
+            # Sync-on-read: every replica sums its own micro-batch gradients.
+            self._accumulators = [
+                tf.Variable(
+                    tf.zeros(variable.shape, dtype=variable.dtype), trainable=False,
+                    synchronization=tf.VariableSynchronization.ON_READ,
+                    aggregation=tf.VariableAggregation.SUM,
+                    name=f"grad_accumulator_{index}",
+                )
+                for index, variable in enumerate(self.model.trainable_variables)
+            ]
+
+    # -- execution functions -------------------------------------------------
+
+    def _execution(self, apply_after: tuple[bool, ...]):
+        """A compiled execution of `len(apply_after)` micro-steps, with an
+        optimizer update after each micro-step marked True."""
+        import tensorflow as tf
+
+        strategy = self.strategy
+        if self.grad_accum_steps == 1:
+            replica_step = self._make_replica_train_step(self._compute_fn)
+
+            def run(iterator):
+                logs = None
+                for _ in apply_after:
+                    logs = strategy.run(replica_step, args=(next(iterator),))
+                return _reduce_logs(strategy, logs)
+        else:
+            micro_step = self._make_replica_micro_step(self._compute_fn)
+
+            def run(iterator):
+                logs = None
+                for apply in apply_after:
+                    logs = strategy.run(micro_step, args=(next(iterator),))
+                    if apply:
+                        strategy.run(self._replica_apply)
+                return _reduce_logs(strategy, logs)
+
+        return tf.function(run, reduce_retracing=True)
+
+    def train_function(self):
+        """Keras's `train_function(iterator)`: one execution of
+        `steps_per_execution` micro-steps.
+
+        Where the updates fall inside an execution depends on how many
+        micro-steps ran before it; the few distinct patterns (at most
+        `grad_accum_steps`) are each traced once, so the decision to update
+        is made in Python, never by a conditional around a collective.
+        """
+        self._compute_fn = self._compute()
+        if self.grad_accum_steps > 1 and self._accumulators is None:
+            self._create_accumulators()
+        executions = {}
+
+        def train(iterator):
+            start = self.micro_steps
+            pattern = tuple((start + i + 1) % self.grad_accum_steps == 0 for i in range(self.steps_per_execution))
+            if pattern not in executions:
+                executions[pattern] = self._execution(pattern)
+            logs = executions[pattern](iterator)
+            self.micro_steps = start + self.steps_per_execution
+            return logs
+
+        return train
+
+    def test_function(self):
+        import tensorflow as tf
+
+        model = self.model
+        strategy = self.strategy
+
+        def replica_step(data):
+            x, y, sample_weight = _unpack(data)
+            y_pred = model(x, training=False) if keras_compat.call_has_training_arg(model) else model(x)
+            loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False)
+            return self._track(x, y, y_pred, sample_weight, loss)
+
+        steps = self.steps_per_execution
+
+        # Keras hands the test function one chunk of `steps_per_execution`
+        # batches; at the end of finite validation data `next` raises
+        # OutOfRange, which Keras turns into the end of the evaluation (the
+        # metrics already hold the batches that ran).
+        @tf.function(reduce_retracing=True)
+        def run(iterator):
+            logs = None
+            for _ in range(steps):
+                logs = strategy.run(replica_step, args=(next(iterator),))
+            return _reduce_logs(strategy, logs)
+
+        return run
+
+    @classmethod
+    def prepare(cls, model, strategy, plan, sample_batch) -> "DistributedSteps":
+        """Builds a compiled model's state under `strategy` and installs the steps.
+
+        Call inside `strategy.scope()`, after `model.compile`.
+        """
+        keras_compat.build_state(model, sample_batch)
+        keras_compat.detach_from_creation_strategy(model)
+        steps = cls(model, strategy, steps_per_execution=plan.steps_per_execution,
+                    grad_accum_steps=plan.grad_accum_steps, jit_compile=plan.jit_compile)
+        steps.install()
+        return steps
+
+    def install(self) -> None:
+        """Makes Keras's `fit` / `evaluate` use these steps."""
+        model = self.model
+        train = self.train_function()
+        test = self.test_function()
+
+        def make_train_function(force=False):
+            model.train_function = train
+            return train
+
+        def make_test_function(force=False):
+            model.test_function = test
+            return test
+
+        model.make_train_function = make_train_function
+        model.make_test_function = make_test_function
+        model.train_function = train
+        model.test_function = test
