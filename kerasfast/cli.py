@@ -2,6 +2,7 @@
 
     kerasfast info [--json]         hardware found and the default plan
     kerasfast quickstart [--out D]  train the digits convnet with the auto plan
+    kerasfast launch -n N -- CMD    run CMD as an N-worker job on this machine
 """
 
 from __future__ import annotations
@@ -85,6 +86,20 @@ def quickstart(out_dir, epochs, batch_size, precision):
         raise click.ClickException(str(error)) from error
     click.echo(f"test accuracy {metrics['test_accuracy']:.4f}; "
                f"{metrics['samples_per_second']:,.0f} samples/s ({metrics['precision']}); run folder: {out_dir}")
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("-n", "--num-workers", type=click.IntRange(min=1), required=True, help="Worker processes to start.")
+@click.option("--port", type=click.IntRange(1, 65535), default=None, help="First port (default: free ports).")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def launch(num_workers, port, command):
+    """Run COMMAND as an N-worker job on this machine (TF_CONFIG on loopback).
+
+    Example: kerasfast launch -n 2 -- python train.py --epochs 3
+    """
+    from kerasfast.distribute.launch import launch as run_workers
+
+    sys.exit(run_workers(list(command), num_workers, port=port))
 
 
 if __name__ == "__main__":  # pragma: no cover

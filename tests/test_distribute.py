@@ -1,0 +1,160 @@
+"""Distributed training: strategy choice, the full matrix of fast paths under
+MirroredStrategy (2 logical CPU devices) and MultiWorkerMirroredStrategy (2
+real worker processes on loopback), equivalence with one replica, and the
+launcher."""
+
+import itertools
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import kerasfast
+from kerasfast.distribute import cluster_from_env, resolve_strategy
+from kerasfast.distribute.launch import launch, tf_config
+from kerasfast.errors import PlanError
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+WORKER = ROOT / "tests" / "workers" / "matrix.py"
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(ROOT)}
+
+MATRIX = [
+    {"name": f"{precision}-accum{accum}-spe{spe}-jit{int(jit)}", "precision": precision, "grad_accum_steps": accum,
+     "steps_per_execution": spe, "jit_compile": jit, "batch_size": 32, "epochs": 2}
+    for precision, accum, spe, jit in itertools.product(
+        ("float32", "mixed_bfloat16", "mixed_float16"), (1, 4), (1, 8), (False, True))
+]
+EQUIVALENCE = [{"name": "equivalence", "precision": "float32", "batch_size": 64, "epochs": 2, "shuffle": False,
+                "steps_per_execution": 1, "learning_rate": 0.5}]
+# float32 sums of the same gradients in another order (per-replica partial
+# sums, then the all-reduce) differ in the last bits; after 16 SGD updates
+# the weights agree to this tolerance.
+EQUIVALENCE_ATOL = 1e-5
+
+
+def run_worker(out_dir, strategy, configs, timeout=900):
+    command = [sys.executable, str(WORKER), str(out_dir), strategy, json.dumps(configs)]
+    if strategy == "multi_worker":
+        command = [sys.executable, "-m", "kerasfast.cli", "launch", "-n", "2", "--", *command]
+    done = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    workers = 2 if strategy == "multi_worker" else 1
+    return [json.loads((out_dir / f"results.worker{i}.json").read_text()) for i in range(workers)]
+
+
+def weights(out_dir, name, worker=0):
+    with np.load(out_dir / f"{name}.worker{worker}.npz") as data:
+        return [data[key] for key in sorted(data.files, key=lambda k: int(k.split("_")[1]))]
+
+
+def assert_matrix_trained(results, strategy):
+    for config in MATRIX:
+        outcome = results[config["name"]]
+        assert "refused" not in outcome, f"{config['name']} was refused: {outcome}"
+        assert outcome["replicas"] == 2 and outcome["strategy"] == strategy
+        assert outcome["loss"][-1] < outcome["loss"][0], f"{config['name']}: loss did not fall {outcome['loss']}"
+
+
+@pytest.mark.slow
+def test_mirrored_matrix_trains_with_every_fast_path(tmp_path):
+    (results,) = run_worker(tmp_path, "mirrored", MATRIX)
+    assert_matrix_trained(results, "mirrored")
+    for config in MATRIX:
+        assert results[config["name"]]["replica_gap"] == 0.0, config["name"]
+
+
+@pytest.mark.slow
+def test_multi_worker_matrix_trains_with_identical_weights_on_both_workers(tmp_path):
+    chief, other = run_worker(tmp_path, "multi_worker", MATRIX)
+    assert chief == other  # same loss curves, logged on both workers
+    assert_matrix_trained(chief, "multi_worker")
+    for config in MATRIX:
+        for a, b in zip(weights(tmp_path, config["name"], 0), weights(tmp_path, config["name"], 1)):
+            np.testing.assert_array_equal(a, b, err_msg=config["name"])
+
+
+def _one_replica_reference(tmp_path):
+    import keras
+
+    from kerasfast import datasets
+
+    (x, y), _ = datasets.digits()
+    x, y = x[:512].reshape(512, 64), y[:512]
+    keras.utils.set_random_seed(7)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="tanh"), keras.layers.Dense(10)])
+    config = dict(EQUIVALENCE[0])
+    config.pop("name")
+    kerasfast.fit(model, (x, y), strategy="none", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  optimizer=keras.optimizers.SGD(config.pop("learning_rate")), run_dir=False, verbose=0, **config)
+    return model.get_weights()
+
+
+@pytest.mark.parametrize("strategy", ["mirrored", "multi_worker"])
+def test_two_replicas_reach_the_weights_of_one_replica_at_the_same_global_batch(tmp_path, strategy):
+    results = run_worker(tmp_path, strategy, EQUIVALENCE)
+    assert results[0]["equivalence"]["replicas"] == 2
+    reference = _one_replica_reference(tmp_path)
+    for a, b in zip(weights(tmp_path, "equivalence"), reference):
+        np.testing.assert_allclose(a, b, atol=EQUIVALENCE_ATOL)
+
+
+def test_tf_config_is_read_like_cluster_schedulers_write_it():
+    env = {"TF_CONFIG": tf_config(["127.0.0.1:1111", "127.0.0.1:2222"], 1)}
+    cluster = cluster_from_env(env)
+    assert cluster.num_workers == 2 and cluster.index == 1 and not cluster.is_chief
+    chief_style = json.dumps({"cluster": {"chief": ["a:1"], "worker": ["b:2", "c:3"]},
+                              "task": {"type": "worker", "index": 0}})
+    assert cluster_from_env({"TF_CONFIG": chief_style}).index == 1
+    assert cluster_from_env({}).num_workers == 1
+    with pytest.raises(PlanError, match="TF_CONFIG is not valid"):
+        cluster_from_env({"TF_CONFIG": "{not json"})
+    with pytest.raises(PlanError, match="task index 5"):
+        cluster_from_env({"TF_CONFIG": tf_config(["a:1"], 5)})
+
+
+def test_strategy_names_are_checked():
+    assert resolve_strategy("none").strategy is None
+    auto = resolve_strategy("auto")
+    assert auto.name == "none" and auto.reason.startswith("auto")
+    with pytest.raises(PlanError, match="strategy='ring' is not known"):
+        resolve_strategy("ring")
+    with pytest.raises(PlanError, match="needs TF_CONFIG listing several workers"):
+        resolve_strategy("multi_worker")
+    with pytest.raises(PlanError, match="needs at least 2 devices"):
+        resolve_strategy("mirrored")
+
+
+def test_launcher_prefixes_output_and_propagates_success(tmp_path):
+    script = "import os, json; c = json.loads(os.environ['TF_CONFIG']); print('index', c['task']['index'])"
+    lines = []
+
+    class Collect:
+        def write(self, text):
+            lines.append(text)
+
+        def flush(self):
+            pass
+
+    assert launch([sys.executable, "-c", script], 3, out=Collect()) == 0
+    text = "".join(lines)
+    for index in range(3):
+        assert f"[worker {index}] index {index}" in text
+
+
+def test_launcher_stops_the_others_when_one_worker_dies(tmp_path):
+    script = (
+        "import os, json, sys, time\n"
+        "index = json.loads(os.environ['TF_CONFIG'])['task']['index']\n"
+        "sys.exit(3) if index == 1 else time.sleep(120)\n"
+    )
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "kerasfast.cli", "launch", "-n", "2", "--", sys.executable, "-c",
+                           script], capture_output=True, text=True, env=ENV, timeout=60)
+    assert done.returncode == 3
+    assert time.monotonic() - start < 30
+    assert "worker 1 exited with code 3; stopping the others" in done.stdout

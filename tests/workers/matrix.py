@@ -1,0 +1,68 @@
+"""A worker of a distributed test: trains a list of configurations and
+writes, per configuration, the loss curve and the final weights.
+
+    python tests/workers/matrix.py OUT_DIR STRATEGY CONFIGS_JSON
+
+STRATEGY "mirrored" splits the CPU into 2 logical devices first; under
+"multi_worker" the script is started by `kerasfast launch` (TF_CONFIG).
+"""
+
+import json
+import os
+import pathlib
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+out_dir, strategy, configs = pathlib.Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
+
+import tensorflow as tf  # noqa: E402
+
+if strategy == "mirrored":
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+
+import kerasfast  # noqa: E402
+
+kerasfast.distribute.setup()  # multi-worker: before any tensor exists
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+from kerasfast import datasets  # noqa: E402
+
+(x, y), _ = datasets.digits()
+x, y = x[:512].reshape(512, 64), y[:512]
+index = kerasfast.distribute.cluster_from_env().index
+
+
+def build():
+    keras.utils.set_random_seed(7)
+    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="tanh"), keras.layers.Dense(10)])
+
+
+results = {}
+for config in configs:
+    name = config.pop("name")
+    try:
+        result = kerasfast.fit(
+            build, (x, y), strategy=strategy, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            optimizer=keras.optimizers.SGD(config.pop("learning_rate", 0.1)), run_dir=False, verbose=0, **config,
+        )
+        weights = [w.astype("float64") for w in result.model.get_weights()]
+        np.savez(out_dir / f"{name}.worker{index}.npz", *weights)
+        # Under MirroredStrategy each variable has one copy per device: they
+        # must agree as closely as separate workers' weights do.
+        replica_gap = 0.0
+        for variable in result.train_model.weights:
+            copies = getattr(getattr(variable, "_value", None), "values", None)
+            if copies and len(copies) > 1:
+                values = [np.asarray(c.numpy(), dtype="float64") for c in copies]
+                replica_gap = max(replica_gap, max(float(np.max(np.abs(v - values[0]))) for v in values))
+        results[name] = {"loss": result.history.history["loss"], "replicas": result.plan.num_replicas,
+                         "strategy": result.plan.strategy, "replica_gap": replica_gap,
+                         "steps_per_epoch": result.plan.steps_per_epoch}
+    except kerasfast.KerasfastError as error:
+        results[name] = {"refused": f"{type(error).__name__}: {error}"}
+(out_dir / f"results.worker{index}.json").write_text(json.dumps(results))
+print(f"worker {index} done: {len(results)} configurations")
