@@ -1,7 +1,8 @@
 """kerasfast: train any Keras 3 model the fast way from one call.
 
 The layout follows a run's path: `hardware` and `plan` resolve what to do,
-`data` feeds it, `training` runs it, `compress` and `export` ship it.
+`data` feeds it, `training` and `distribute` run it, `compress` and
+`export` ship it.
 
 Example:
 
@@ -22,9 +23,10 @@ from kerasfast.hardware import GPU, Hardware, detect_hardware  # noqa: E402
 from kerasfast.plan import Plan, resolve_plan  # noqa: E402
 from kerasfast.threads import configure_threads  # noqa: E402
 from kerasfast.training import FitResult, OneCycle, Throughput, fit, warmup_cosine  # noqa: E402
+from kerasfast import compress, data, datasets, distribute, export  # noqa: E402
 
 __all__ = [
     "DataError", "ExportError", "FitResult", "GPU", "Hardware", "KerasfastError", "ModelError", "OneCycle",
-    "Plan", "PlanError", "Throughput", "configure_threads", "detect_hardware", "fit", "resolve_plan",
-    "warmup_cosine",
+    "Plan", "PlanError", "Throughput", "compress", "configure_threads", "data", "datasets", "detect_hardware",
+    "distribute", "export", "fit", "resolve_plan", "warmup_cosine",
 ]

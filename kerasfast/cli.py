@@ -84,7 +84,10 @@ def quickstart(out_dir, epochs, batch_size, precision):
                                  verbose=2)
     except KerasfastError as error:
         raise click.ClickException(str(error)) from error
-    click.echo(f"test accuracy {metrics['test_accuracy']:.4f}; "
+    click.echo("")
+    click.echo(metrics["export_table"])
+    click.echo(f"test accuracy {metrics['test_accuracy']:.4f} pruned to {metrics['sparsity']:.0%} "
+               f"(dense {metrics['dense_test_accuracy']:.4f}); "
                f"{metrics['samples_per_second']:,.0f} samples/s ({metrics['precision']}); run folder: {out_dir}")
 
 
@@ -101,6 +104,16 @@ def launch(num_workers, port, command):
 
     sys.exit(run_workers(list(command), num_workers, port=port))
 
+
+def _register_subcommands():
+    from kerasfast.data.cli import convert_command
+    from kerasfast.export.cli import export_command
+
+    main.add_command(convert_command)
+    main.add_command(export_command)
+
+
+_register_subcommands()
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -38,7 +38,7 @@ FIELD_ORDER = (
     "strategy", "num_replicas", "precision", "jit_compile", "steps_per_execution", "steps_per_epoch",
     "global_batch_size", "per_replica_batch_size", "grad_accum_steps",
     "effective_batch_size", "clipnorm", "remat", "optimizer", "learning_rate",
-    "lr_schedule", "warmup_steps", "total_steps", "intra_op_threads",
+    "lr_schedule", "warmup_steps", "total_steps", "prune", "intra_op_threads",
     "inter_op_threads",
 )
 
@@ -68,6 +68,7 @@ class Plan:
             by `grad_accum_steps`), or None when unknown.
         intra_op_threads: TensorFlow threads inside one op (0 = TF default).
         inter_op_threads: TensorFlow ops run at once (0 = TF default).
+        prune: Target sparsity of magnitude pruning during the run, or None.
         reasons: Field name -> why that value was chosen.
         overridden: Field names the user set explicitly.
     """
@@ -93,6 +94,7 @@ class Plan:
     inter_op_threads: int
     reasons: dict[str, str] = dataclasses.field(default_factory=dict)
     overridden: tuple[str, ...] = ()
+    prune: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The plan as JSON-ready data: `{"fields": {name: {value, reason, source}}}`."""
@@ -560,6 +562,7 @@ def resolve_plan(
             raise PlanError(f"warmup_steps= only applies to lr_schedule='warmup_cosine', not {schedule!r}.")
         chosen_warmup = None
         reasons["warmup_steps"] = "n/a" if schedule != "one_cycle" else "one-cycle warms up over its first 30%"
+    reasons["prune"] = "off: not requested"
     reasons["total_steps"] = (
         f"optimizer updates: {run.epochs} epoch(s) x {steps_per_epoch} steps / {grad_accum_steps} accumulated"
         if total_steps else "unknown"

@@ -41,13 +41,22 @@ def test_quickstart_trains_and_writes_a_run_folder(tmp_path):
     assert "kerasfast plan" in done.stdout
     assert "test accuracy" in done.stdout and "samples/s" in done.stdout
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["test_accuracy"] > 0.8
+    assert metrics["dense_test_accuracy"] > 0.8
+    assert metrics["test_accuracy"] > 0.8  # after pruning to 80% sparsity
     assert metrics["samples_per_second"] > 0
-    for name in ("plan.json", "history.json", "result.json", "model.keras"):
-        assert (out / name).is_file(), name
-    plan = json.loads((out / "plan.json").read_text())
+    for stage in ("train", "prune"):
+        for name in ("plan.json", "history.json", "result.json", "model.keras"):
+            assert (out / stage / name).is_file(), f"{stage}/{name}"
+    plan = json.loads((out / "train" / "plan.json").read_text())
     # quickstart sizes the thread pools before TensorFlow starts
     assert "kept" not in plan["fields"]["intra_op_threads"]["reason"]
+    pruning = json.loads((out / "prune" / "pruning.json").read_text())
+    assert all(abs(row["sparsity"] - 0.8) < 0.01 for row in pruning if "sparsity" in row)
+    exported = {row["format"]: row for row in metrics["export"]}
+    assert set(exported) == {"keras", "tflite_float32", "tflite_int8"}
+    assert exported["tflite_int8"]["accuracy"] > 0.75  # evaluated in LiteRT
+    assert (out / "export" / "model_int8.tflite").is_file()
+    assert "tflite_int8" in done.stdout  # the report table is printed
 
 
 def test_unknown_precision_is_a_usage_error(tmp_path):

@@ -13,7 +13,7 @@ Low level (what `kerasfast.fit(..., prune=...)` uses):
 
 from kerasfast.compress.config import PRUNABLE_LAYER_TYPES, PruningConfig
 from kerasfast.compress.masks import m_by_n_mask, magnitude_mask
-from kerasfast.compress.prune import PruneResult, prune
+from kerasfast.compress.prune import PruneResult, prune, pruning_for_run, schedule_steps
 from kerasfast.compress.pruning import (
     apply_pruning,
     finalize_pruning,
@@ -24,6 +24,8 @@ from kerasfast.compress.pruning import (
 from kerasfast.compress.schedules import ConstantSparsity, PolynomialDecay
 
 __all__ = [
+    "pruning_for_run",
+    "schedule_steps",
     "PRUNABLE_LAYER_TYPES",
     "ConstantSparsity",
     "PolynomialDecay",

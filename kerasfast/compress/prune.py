@@ -61,6 +61,67 @@ def _steps_per_epoch(data, batch_size, steps_per_epoch):
     )
 
 
+def schedule_steps(total_steps: int, begin_step: int = 0, end_step: int | None = None,
+                   frequency: int | None = None) -> tuple[int, int]:
+    """Places a pruning schedule in a run of `total_steps` optimizer updates.
+
+    By default the final sparsity is reached at 70% of the run, leaving the
+    rest to recover at the final mask, and masks are updated ten times.
+
+    Returns:
+        `(end_step, frequency)`.
+
+    Raises:
+        PlanError: When `end_step` lies beyond the run's last update.
+    """
+    last_step = total_steps - 1  # the step counter seen by the last update
+    if end_step is None:
+        end_step = begin_step + int(round(0.7 * max(last_step - begin_step, 0)))
+        end_step = min(end_step, last_step)
+    if end_step > last_step:
+        raise PlanError(
+            f"end_step={end_step} is beyond the last step of this run ({last_step}: {total_steps} optimizer "
+            "updates), so the target sparsity would never be reached while training. Lower end_step or train "
+            "longer."
+        )
+    if frequency is None:
+        frequency = max(1, (end_step - begin_step) // 10)
+    return end_step, frequency
+
+
+def pruning_for_run(prune, total_steps: int) -> PruningConfig:
+    """Resolves `kerasfast.fit(..., prune=...)` for a run of `total_steps` updates.
+
+    Args:
+        prune: A target sparsity (e.g. 0.8), a dict of `PruningConfig`
+            arguments, or a `PruningConfig`; `end_step` / `frequency` left
+            unset are placed in the run by `schedule_steps`.
+        total_steps: Optimizer updates of the run.
+
+    Returns:
+        A `PruningConfig`.
+    """
+    if isinstance(prune, PruningConfig):
+        arguments = {field.name: getattr(prune, field.name) for field in dataclasses.fields(PruningConfig)}
+    elif isinstance(prune, dict):
+        arguments = dict(prune)
+    elif isinstance(prune, (int, float)) and not isinstance(prune, bool):
+        arguments = {"target_sparsity": float(prune)}
+    else:
+        raise PlanError(
+            f"prune={prune!r} is not valid: pass a target sparsity such as 0.8, a dict of PruningConfig "
+            "arguments, or a kerasfast.compress.PruningConfig."
+        )
+    schedule = arguments.get("schedule", "polynomial")
+    if schedule == "polynomial" or arguments.get("frequency") is None:
+        end_step, frequency = schedule_steps(total_steps, arguments.get("begin_step", 0),
+                                             arguments.get("end_step"), arguments.get("frequency"))
+        if schedule == "polynomial":
+            arguments["end_step"] = end_step
+        arguments["frequency"] = frequency
+    return PruningConfig(**arguments)
+
+
 def prune(
     model,
     data,
@@ -136,18 +197,7 @@ def prune(
             f"This run makes no optimizer update ({batches_per_epoch} batches per epoch, gradient accumulation "
             f"over {accumulation}); give prune() more data or epochs."
         )
-    last_step = total_steps - 1  # the step counter seen by the last update
-    if end_step is None:
-        end_step = begin_step + int(round(0.7 * max(last_step - begin_step, 0)))
-        end_step = min(end_step, last_step)
-    if end_step > last_step:
-        raise PlanError(
-            f"end_step={end_step} is beyond the last step of this run ({last_step}: {total_steps} optimizer "
-            f"steps over {epochs} epochs), so the target sparsity would never be reached while training. "
-            "Lower end_step or raise epochs."
-        )
-    if frequency is None:
-        frequency = max(1, (end_step - begin_step) // 10)
+    end_step, frequency = schedule_steps(total_steps, begin_step, end_step, frequency)
     config = PruningConfig(
         target_sparsity=target_sparsity,
         schedule=schedule,

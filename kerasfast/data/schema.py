@@ -126,6 +126,9 @@ class Schema:
         shards: per-shard file name, record count and byte size.
         classes: class names for integer labels (image folders), if any.
         source: a short description of what was converted.
+        shuffled: True when records were written in random order, so that
+            neighbouring records in a file are unrelated (the reader may then
+            take them in small blocks at no cost in randomness).
     """
 
     features: list
@@ -135,6 +138,7 @@ class Schema:
     shards: list = dataclasses.field(default_factory=list)
     classes: list | None = None
     source: str | None = None
+    shuffled: bool = False
 
     def __post_init__(self):
         names = [f.name for f in self.features]
@@ -175,6 +179,7 @@ class Schema:
             "shards": [dataclasses.asdict(s) for s in self.shards],
             "classes": self.classes,
             "source": self.source,
+            "shuffled": self.shuffled,
         }
 
     @classmethod
@@ -195,6 +200,7 @@ class Schema:
                 shards=[ShardInfo(**s) for s in obj.get("shards", [])],
                 classes=obj.get("classes"),
                 source=obj.get("source"),
+                shuffled=bool(obj.get("shuffled", False)),
             )
         except (KeyError, TypeError) as exc:
             raise DataError(f"{path} is not a valid kerasfast schema ({exc}); re-run the conversion.") from exc

@@ -48,6 +48,8 @@ class FitResult:
         data: One line describing the training data.
         model_preparation: One line saying whether the model was trained in
             place or rebuilt under the plan's precision.
+        pruning: Per-layer pruning summary (layer, shape, params, achieved
+            sparsity; dense layers with the reason), or None.
     """
 
     history: keras.callbacks.History
@@ -58,6 +60,7 @@ class FitResult:
     run_dir: pathlib.Path | None
     data: str
     model_preparation: str
+    pruning: list | None = None
 
     def summary(self) -> dict:
         """The result as JSON-ready data (what `result.json` holds)."""
@@ -93,6 +96,15 @@ def _batch_callbacks(callbacks) -> tuple[str, ...]:
         if any(getattr(type(callback), hook) is not getattr(base, hook) for hook in hooks):
             names.append(type(callback).__name__)
     return tuple(names)
+
+
+def _describe_pruning(config) -> str:
+    structured = f", {config.structured} structured" if config.structured else ""
+    if config.schedule == "polynomial":
+        when = f"from {config.initial_sparsity:g} at update {config.begin_step} to update {config.end_step}"
+    else:
+        when = f"{config.schedule} from update {config.begin_step}"
+    return f"magnitude pruning {when}, masks every {config.frequency} updates{structured}"
 
 
 def _jit_blockers(model) -> tuple[str, ...]:
@@ -141,6 +153,7 @@ def fit(
     inter_op_threads="auto",
     strategy="auto",
     scale_lr: bool = False,
+    prune=None,
     run_dir=None,
     save_model_file: bool = True,
 ) -> FitResult:
@@ -180,6 +193,10 @@ def fit(
         strategy: "auto", "none", "mirrored", "multi_worker" or a
             `tf.distribute.Strategy` (see `kerasfast.distribute`).
         scale_lr: Multiply the learning rate by the number of replicas.
+        prune: Magnitude pruning during training: a target sparsity (e.g.
+            0.8), a dict of `kerasfast.compress.PruningConfig` arguments or a
+            `PruningConfig`. The schedule is placed in the run's updates;
+            at the end every pruned kernel has exactly its target sparsity.
         run_dir: Folder for the run's files; None makes a new one under
             `kerasfast_runs/`, False writes nothing. Only the chief worker
             writes it; other workers write to a temporary folder that is
@@ -292,6 +309,17 @@ def fit(
         strategy_reason=distribution.reason,
         whole_updates_per_execution=tf_strategy is not None,
     )
+    pruning_config = None
+    if prune is not None:
+        from kerasfast.compress import pruning_for_run
+
+        if not plan.total_steps:
+            raise PlanError("prune= needs the run's length: pass steps_per_epoch= for a dataset of unknown length.")
+        pruning_config = pruning_for_run(prune, plan.total_steps)
+        plan = dataclasses.replace(
+            plan, prune=pruning_config.target_sparsity, overridden=plan.overridden + ("prune",),
+            reasons={**plan.reasons, "prune": _describe_pruning(pruning_config)},
+        )
     if verbose != 0 and distribution.is_chief:
         print(plan)
         print(f"  data: {train_data.description}; model: {prepared.how}")
@@ -321,6 +349,11 @@ def fit(
             steps_per_execution=plan.steps_per_execution,
             **compile_kwargs,
         )
+        pruned_layers = None
+        if pruning_config is not None:
+            from kerasfast.compress import apply_pruning
+
+            pruned_layers = apply_pruning(train_model, pruning_config)
         if tf_strategy is not None:
             DistributedSteps.prepare(train_model, tf_strategy, plan, train_data.sample_batch)
     train_dataset = train_data.dataset
@@ -339,6 +372,14 @@ def fit(
             verbose=verbose if distribution.is_chief else 0,
             shuffle=False,  # the dataset shuffles itself; Keras would only warn
         )
+    pruning_summary = None
+    if pruning_config is not None:
+        from kerasfast.compress import finalize_pruning
+
+        with scope():
+            pruning_summary = finalize_pruning(train_model)
+        dense = [row for row in pruned_layers if not row["pruned"]]
+        pruning_summary = pruning_summary + dense
     if prepared.rebuilt:
         user_model = prepared.user_model
         copy_weights(train_model, user_model)
@@ -357,10 +398,13 @@ def fit(
         run_dir=folder,
         data=train_data.description,
         model_preparation=prepared.how,
+        pruning=pruning_summary,
     )
     if folder is not None:
         write_json(folder / "history.json", history.history)
         write_json(folder / "result.json", result.summary())
+        if pruning_summary is not None:
+            write_json(folder / "pruning.json", pruning_summary)
         if save_model_file:
             save_model(train_model, folder / "model.keras")
         if not distribution.is_chief:

@@ -1,0 +1,476 @@
+"""Everything `write_tfrecords` can convert, turned into one stream of records.
+
+Each source yields `(location, record)` pairs, where `location` says where the
+record came from in words a user recognises ("row 17", "train.csv line 18",
+"images/cat/003.png") and `record` is a `{feature name: value}` dict, or a
+`BadRecord` when the source itself found the record unusable (an image that
+does not decode, a CSV cell that is not a number). Sources stream: at most one
+chunk (about a thousand records) is held in memory, except for in-memory
+arrays and DataFrames, which the caller already holds.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import glob
+import io
+import os
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from kerasfast.data.messages import tf_error_text
+from kerasfast.errors import DataError
+
+CHUNK_RECORDS = 1024
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+TEXT_SUFFIXES = (".txt", ".text", ".md")
+PARQUET_SUFFIXES = (".parquet", ".pq")
+CSV_SUFFIXES = (".csv", ".tsv")
+SOURCE_TYPES = ("arrays", "dataframe", "parquet", "csv", "images", "text", "records")
+AUTO = "auto"
+LABEL_IF_PRESENT = "<'label' if the records have it>"
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodedImage:
+    """An already encoded image (kept as its file bytes) and its decoded shape."""
+
+    data: bytes
+    format: str  # "png" or "jpeg"
+    shape: tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class BadRecord:
+    """A record the source could not turn into features, and why."""
+
+    reason: str
+
+
+@dataclasses.dataclass
+class Source:
+    """A stream of records plus what is known about it before reading it."""
+
+    description: str
+    records: Any  # a callable returning Iterator[(location, record | BadRecord)]
+    num_records: int | None = None
+    estimated_bytes: int | None = None
+    label: str | None = None
+    classes: list | None = None
+    shuffled: bool = False  # records come out in random order
+    notes: list = dataclasses.field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------
+# detection
+# ---------------------------------------------------------------------------
+
+def open_source(
+    source: Any,
+    *,
+    label: Any = AUTO,
+    shuffle: bool = True,
+    seed: int = 0,
+    source_type: str | None = None,
+    text_unit: str = "line",
+    csv_dtypes: Mapping[str, str] | None = None,
+) -> Source:
+    """Recognises `source` and returns it as a `Source` (see module docstring)."""
+    if source_type is not None and source_type not in SOURCE_TYPES:
+        raise DataError(f"source_type={source_type!r} is not one of {SOURCE_TYPES}.")
+    kind = source_type or _detect_kind(source)
+    if kind == "arrays":
+        src = _arrays_source(source, shuffle=shuffle, seed=seed)
+    elif kind == "dataframe":
+        src = _dataframe_source(source, shuffle=shuffle, seed=seed)
+    elif kind == "parquet":
+        src = _parquet_source(_expand_files(source, PARQUET_SUFFIXES, "Parquet"))
+    elif kind == "csv":
+        src = _csv_source(_expand_files(source, CSV_SUFFIXES, "CSV"), csv_dtypes or {})
+    elif kind == "images":
+        src = _image_folder_source(os.fspath(source), shuffle=shuffle, seed=seed)
+    elif kind == "text":
+        src = _text_source(_expand_files(source, TEXT_SUFFIXES, "text"), text_unit)
+    else:
+        src = _records_source(source)
+    if label != AUTO:
+        src.label = label
+    return src
+
+
+def _detect_kind(source: Any) -> str:
+    if isinstance(source, Mapping):
+        return "arrays"
+    # (x,), (x, y) or (inputs_dict, y); a tuple ending in a dict is a sequence of records.
+    if isinstance(source, tuple) and 1 <= len(source) <= 2 and not isinstance(source[-1], Mapping):
+        return "arrays"
+    if isinstance(source, list) and source and all(isinstance(p, (str, os.PathLike)) for p in source):
+        return _kind_of_files([os.fspath(p) for p in source], f"the list of {len(source)} files")
+    if type(source).__module__.split(".")[0] == "pandas" and hasattr(source, "columns"):
+        return "dataframe"
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        if glob.has_magic(path):
+            files = sorted(glob.glob(path))
+            if not files:
+                raise DataError(f"the pattern {path!r} matches no files (working directory {os.getcwd()}); "
+                                f"check the path.")
+            return _kind_of_files(files, path)
+        if os.path.isfile(path):
+            return _kind_of_files([path], path)
+        if os.path.isdir(path):
+            entries = sorted(os.scandir(path), key=lambda e: e.name)
+            subdirs = [e.path for e in entries if e.is_dir() and not e.name.startswith(".")]
+            if any(_has_files(d, IMAGE_SUFFIXES) for d in subdirs):
+                return "images"
+            files = [e.path for e in entries if e.is_file()]
+            if not files:
+                raise DataError(f"{path} is an empty folder; nothing to convert.")
+            return _kind_of_files(files, path, directory=True)
+        raise DataError(f"{path} does not exist; check the path (working directory {os.getcwd()}).")
+    if isinstance(source, Iterable) and not isinstance(source, (bytes, np.ndarray)):
+        return "records"
+    raise DataError(
+        f"cannot convert a {type(source).__name__}: pass a dict or (x, y) tuple of NumPy arrays, a pandas "
+        f"DataFrame, a Parquet/CSV/text file, folder or glob, an image folder (one sub-folder per class), "
+        f"or an iterable of dicts."
+    )
+
+
+def _has_files(folder: str, suffixes) -> bool:
+    for _, _, names in os.walk(folder):
+        if any(n.lower().endswith(suffixes) for n in names):
+            return True
+    return False
+
+
+def _kind_of_files(files, shown, directory=False) -> str:
+    kinds = set()
+    for f in files:
+        low = f.lower()
+        if low.endswith(PARQUET_SUFFIXES):
+            kinds.add("parquet")
+        elif low.endswith(CSV_SUFFIXES):
+            kinds.add("csv")
+        elif low.endswith(TEXT_SUFFIXES):
+            kinds.add("text")
+        elif not directory:
+            kinds.add("unknown")
+    if len(kinds) != 1 or "unknown" in kinds:
+        raise DataError(
+            f"cannot tell what {shown} holds (file kinds found: {sorted(kinds) or 'none'}); use files ending "
+            f"in .parquet, .csv/.tsv or .txt (one kind at a time), or pass source_type=."
+        )
+    return kinds.pop()
+
+
+def _expand_files(source: Any, suffixes, what: str) -> list:
+    path = os.fspath(source) if isinstance(source, (str, os.PathLike)) else None
+    if path is None:
+        files = [os.fspath(p) for p in source]
+    elif glob.has_magic(path):
+        files = sorted(glob.glob(path))
+    elif os.path.isdir(path):
+        files = sorted(
+            os.path.join(root, n) for root, _, names in os.walk(path) for n in names if n.lower().endswith(suffixes)
+        )
+    else:
+        files = [path]
+    if not files:
+        raise DataError(f"no {what} files found at {source!r}; check the path or pattern.")
+    for f in files:
+        if not os.path.isfile(f):
+            raise DataError(f"{what} file {f} not found; check the path (working directory {os.getcwd()}).")
+    return files
+
+
+# ---------------------------------------------------------------------------
+# in-memory sources
+# ---------------------------------------------------------------------------
+
+def _arrays_source(source, *, shuffle, seed) -> Source:
+    if isinstance(source, Mapping):
+        columns, label = dict(source), ("label" if "label" in source else None)
+    else:
+        x = source[0]
+        columns = dict(x) if isinstance(x, Mapping) else {"x": x}
+        label = None
+        if len(source) == 2 and source[1] is not None:
+            if "y" in columns:
+                raise DataError("the inputs dict already has a key 'y'; pass a single dict with a 'label' key instead.")
+            columns["y"], label = source[1], "y"
+    columns = {str(k): np.asarray(v) for k, v in columns.items()}
+    lengths = {k: (len(v) if v.ndim else None) for k, v in columns.items()}
+    if any(n is None for n in lengths.values()) or len(set(lengths.values())) != 1:
+        raise DataError(f"all arrays need the same first dimension (one entry per record), got lengths {lengths}.")
+    n = next(iter(lengths.values()))
+
+    def records():
+        order = np.random.default_rng(seed).permutation(n) if shuffle else np.arange(n)
+        for start in range(0, n, CHUNK_RECORDS):
+            idx = order[start:start + CHUNK_RECORDS]
+            chunk = {k: v[idx] for k, v in columns.items()}
+            for j, i in enumerate(idx):
+                yield f"row {i}", {k: c[j] for k, c in chunk.items()}
+
+    nbytes = sum(v.nbytes for v in columns.values())
+    return Source(f"{n} records of NumPy arrays {sorted(columns)}", records, n, nbytes, label, shuffled=shuffle)
+
+
+def _dataframe_source(df, *, shuffle, seed) -> Source:
+    n = len(df)
+    columns = [str(c) for c in df.columns]
+    label = "label" if "label" in columns else None
+
+    def records():
+        order = np.random.default_rng(seed).permutation(n) if shuffle else np.arange(n)
+        for start in range(0, n, CHUNK_RECORDS):
+            idx = order[start:start + CHUNK_RECORDS]
+            part = df.iloc[idx]
+            cols = {str(c): part[c].to_numpy() for c in part.columns}
+            for j, i in enumerate(idx):
+                yield f"row {i}", {c: v[j] for c, v in cols.items()}
+
+    nbytes = int(df.memory_usage(deep=False).sum())
+    return Source(f"pandas DataFrame of {n} rows, columns {columns}", records, n, nbytes, label, shuffled=shuffle)
+
+
+def _records_source(iterable) -> Source:
+    def records():
+        for i, rec in enumerate(iterable):
+            if not isinstance(rec, Mapping):
+                raise DataError(f"record {i} of the iterable is a {type(rec).__name__}, not a dict of features.")
+            yield f"record {i}", rec
+
+    n = len(iterable) if hasattr(iterable, "__len__") else None
+    # The keys are known only once the first record is read: the writer resolves this.
+    return Source("an iterable of dicts", records, n, None, LABEL_IF_PRESENT)
+
+
+# ---------------------------------------------------------------------------
+# files
+# ---------------------------------------------------------------------------
+
+def _parquet_source(files) -> Source:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise DataError("reading Parquet needs pyarrow: pip install 'pyarrow>=14'.") from exc
+
+    num_rows = nbytes = 0
+    columns = None
+    for f in files:
+        try:
+            meta = pq.ParquetFile(f).metadata
+        except Exception as exc:  # pyarrow raises ArrowInvalid and friends
+            raise DataError(f"{f} is not a readable Parquet file ({exc}).") from exc
+        num_rows += meta.num_rows
+        nbytes += sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+        names = meta.schema.to_arrow_schema().names
+        if columns is None:
+            columns = names
+        elif names != columns:
+            raise DataError(f"{f} has columns {names}, but {files[0]} has {columns}; convert them separately.")
+
+    def to_values(column, f, name, row0):
+        if column.null_count and not pa.types.is_floating(column.type):
+            raise DataError(f"{f}: column {name!r} has {column.null_count} missing values in rows from {row0}; "
+                            f"fill them (or use a float column, where they become NaN).")
+        if pa.types.is_integer(column.type) or pa.types.is_floating(column.type) or pa.types.is_boolean(column.type):
+            return column.to_numpy(zero_copy_only=False)
+        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type) or pa.types.is_binary(column.type):
+            return column.to_pylist()
+        if pa.types.is_list(column.type) or pa.types.is_fixed_size_list(column.type) or pa.types.is_large_list(column.type):
+            value_type = column.type.value_type.to_pandas_dtype()
+            return [np.asarray(v, dtype=value_type) for v in column.to_pylist()]
+        raise DataError(f"{f}: column {name!r} has type {column.type}, which cannot be stored; "
+                        f"convert it to numbers, strings or lists of numbers.")
+
+    def records():
+        for f in files:
+            row = 0
+            for batch in pq.ParquetFile(f).iter_batches(batch_size=CHUNK_RECORDS):
+                cols = {name: to_values(batch.column(i), f, name, row) for i, name in enumerate(batch.schema.names)}
+                for j in range(batch.num_rows):
+                    yield f"{f} row {row + j}", {k: v[j] for k, v in cols.items()}
+                row += batch.num_rows
+
+    label = "label" if columns and "label" in columns else None
+    return Source(f"{len(files)} Parquet file(s), {num_rows} rows", records, num_rows, nbytes, label)
+
+
+def _parse_int(text):
+    return np.int64(int(text))
+
+
+def _parse_float(text):
+    return np.float32(float(text)) if text.strip() else np.float32("nan")
+
+
+CSV_PARSERS = {
+    "int64": _parse_int,
+    "float32": _parse_float,
+    "string": lambda text: text,
+}
+
+
+def _infer_csv_type(values) -> str:
+    def all_parse(fn):
+        for v in values:
+            try:
+                fn(v)
+            except (ValueError, OverflowError):
+                return False
+        return True
+
+    non_empty = [v for v in values if v.strip()]
+    if non_empty and len(non_empty) == len(values) and all_parse(int):
+        return "int64"
+    if non_empty and all(_is_float(v) for v in non_empty):
+        return "float32"
+    return "string"
+
+
+def _is_float(text) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def _csv_source(files, csv_dtypes) -> Source:
+    for name, dtype in csv_dtypes.items():
+        if dtype not in CSV_PARSERS:
+            raise DataError(f"csv_dtypes[{name!r}]={dtype!r}: use one of {sorted(CSV_PARSERS)}.")
+
+    def open_csv(f):
+        fh = open(f, newline="", encoding="utf-8")
+        return fh, csv.reader(fh, delimiter="\t" if f.lower().endswith(".tsv") else ",")
+
+    # Column types come from the first rows (or csv_dtypes); the header fixes the names.
+    fh, reader = open_csv(files[0])
+    with fh:
+        header = next(reader, None)
+        if not header:
+            raise DataError(f"{files[0]} is empty; a CSV file needs a header row with the column names.")
+        sample = [row for _, row in zip(range(CHUNK_RECORDS), reader)]
+    if not sample:
+        raise DataError(f"{files[0]} has a header but no rows; nothing to convert.")
+    types = {}
+    for c, name in enumerate(header):
+        types[name] = csv_dtypes.get(name) or _infer_csv_type([row[c] if c < len(row) else "" for row in sample])
+    parsers = [CSV_PARSERS[types[name]] for name in header]
+
+    def records():
+        for f in files:
+            fh, reader = open_csv(f)
+            with fh:
+                this_header = next(reader, None)
+                if this_header != header:
+                    raise DataError(f"{f} has header {this_header}, but {files[0]} has {header}; "
+                                    f"convert files with different columns separately.")
+                for row in reader:
+                    where = f"{f} line {reader.line_num}"
+                    if not row:
+                        continue
+                    if len(row) != len(header):
+                        yield where, BadRecord(f"has {len(row)} fields, the header has {len(header)}")
+                        continue
+                    try:
+                        yield where, {name: parse(v) for name, parse, v in zip(header, parsers, row)}
+                    except (ValueError, OverflowError):
+                        bad = [n for n, p, v in zip(header, parsers, row) if not _parses(p, v)]
+                        yield where, BadRecord(
+                            f"column(s) {bad} are not {[types[b] for b in bad]} as inferred from the first rows; "
+                            f"pass csv_dtypes={{{bad[0]!r}: 'string' or 'float32'}} to read them as that"
+                        )
+
+    nbytes = sum(os.path.getsize(f) for f in files)
+    label = "label" if "label" in header else None
+    src = Source(f"{len(files)} CSV file(s), columns {header}", records, None, nbytes, label)
+    src.notes.append("column types: " + ", ".join(f"{k}={v}" for k, v in types.items()))
+    return src
+
+
+def _parses(parse, value) -> bool:
+    try:
+        parse(value)
+        return True
+    except (ValueError, OverflowError):
+        return False
+
+
+def _image_format(data: bytes) -> str | None:
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        return "png"
+    if data[:3] == b"\xff\xd8\xff":
+        return "jpeg"
+    return None
+
+
+def _image_folder_source(root, *, shuffle, seed) -> Source:
+    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    items, ignored = [], 0
+    for label, cls in enumerate(classes):
+        for dirpath, dirnames, names in os.walk(os.path.join(root, cls)):
+            dirnames.sort()
+            for n in sorted(names):
+                if n.lower().endswith(IMAGE_SUFFIXES):
+                    items.append((os.path.join(dirpath, n), label))
+                elif not n.startswith("."):
+                    ignored += 1
+    if not items:
+        raise DataError(f"no PNG/JPEG images found under {root}; expected {root}/<class name>/<image>.png.")
+    if shuffle:
+        # Files are listed class by class; shuffling them spreads classes over shards and over each shard.
+        order = np.random.default_rng(seed).permutation(len(items))
+        items = [items[i] for i in order]
+
+    def records():
+        import tensorflow as tf
+
+        for path, label in items:
+            with open(path, "rb") as fh:
+                data = fh.read()
+            fmt = _image_format(data)
+            if fmt is None:
+                yield path, BadRecord("is not a PNG or JPEG file (by its first bytes)")
+                continue
+            try:
+                shape = tuple(tf.io.decode_image(data, expand_animations=False).shape)
+            except (tf.errors.InvalidArgumentError, tf.errors.UnknownError) as exc:
+                yield path, BadRecord(f"cannot be decoded as {fmt.upper()} ({tf_error_text(exc)})")
+                continue
+            yield path, {"image": EncodedImage(data, fmt, shape), "label": np.int64(label)}
+
+    nbytes = sum(os.path.getsize(p) for p, _ in items)
+    src = Source(f"image folder {root}: {len(items)} images in {len(classes)} classes", records, len(items),
+                 nbytes, "label", classes, shuffled=shuffle)
+    if ignored:
+        src.notes.append(f"{ignored} file(s) that are not .png/.jpg/.jpeg were ignored")
+    return src
+
+
+def _text_source(files, text_unit) -> Source:
+    if text_unit not in ("line", "file"):
+        raise DataError(f"text_unit={text_unit!r}: use 'line' (one record per non-empty line) or 'file'.")
+
+    def records():
+        for f in files:
+            if text_unit == "file":
+                with open(f, "rb") as fh:
+                    yield f, {"text": fh.read()}
+                continue
+            with open(f, "rb") as fh:
+                for n, line in enumerate(io.BufferedReader(fh, 1 << 20), start=1):
+                    line = line.rstrip(b"\r\n")
+                    if line.strip():
+                        yield f"{f} line {n}", {"text": line}
+
+    nbytes = sum(os.path.getsize(f) for f in files)
+    n = len(files) if text_unit == "file" else None
+    return Source(f"text corpus of {len(files)} file(s), one record per {text_unit}", records, n, nbytes, None)

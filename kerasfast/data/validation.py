@@ -1,0 +1,313 @@
+"""Finding bad input before (or after) TensorFlow trips over it.
+
+Two levels:
+
+* `quick_check`: per file, cheap. Exists, size matches schema.json, the first
+  bytes match the expected compression, the first record's framing and CRCs
+  are right, and the first record of the first file parses with the schema.
+* `check_tfrecords` (full): every record of every file, framing, CRC32C,
+  record counts and parsing/decoding with the schema, each problem reported
+  with file, record index and byte offset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Iterable, Mapping
+
+from kerasfast.data.files import resolve_files
+from kerasfast.data.framing import (
+    NOT_TFRECORD,
+    RecordProblem,
+    describe_compression,
+    iter_frames,
+    sniff_compression,
+)
+from kerasfast.data.schema import Schema, normalize_compression
+from kerasfast.data.messages import tf_error_text
+from kerasfast.errors import DataError
+
+PARSE_CHUNK = 256
+MAX_SHOWN = 5
+
+
+@dataclasses.dataclass
+class FileReport:
+    """The result of reading one file record by record."""
+
+    file: str
+    compression: str | None
+    num_records: int = 0  # records found, good or bad
+    problems: list = dataclasses.field(default_factory=list)
+
+    @property
+    def bad_indices(self) -> set:
+        return {p.index for p in self.problems if p.index is not None}
+
+    @property
+    def num_good(self) -> int:
+        return self.num_records - len({p.index for p in self.problems if p.index is not None
+                                       and p.index < self.num_records})
+
+    @property
+    def framing_damaged(self) -> bool:
+        """True when TensorFlow's own reader cannot read past a problem in this file."""
+        return any(p.kind in ("bad_data_crc", "truncated", "bad_length_crc") for p in self.problems)
+
+    @property
+    def unreadable(self) -> bool:
+        """True when the file as a whole cannot be read (missing, not TFRecord, wrong compression)."""
+        return any(p.index is None for p in self.problems)
+
+
+@dataclasses.dataclass
+class ValidationReport:
+    """What `check_tfrecords` found. `ok` is True when nothing is wrong."""
+
+    files: list  # of FileReport
+    schema_path: str | None = None
+
+    @property
+    def problems(self) -> list:
+        return [p for f in self.files for p in f.problems]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def num_records(self) -> int:
+        return sum(f.num_records for f in self.files)
+
+    @property
+    def num_good(self) -> int:
+        return sum(f.num_good for f in self.files)
+
+    def summary(self) -> str:
+        if self.ok:
+            return f"{len(self.files)} file(s), {self.num_records} records, no problems found."
+        probs = self.problems
+        lines = [f"{len(probs)} problem(s) in {sum(1 for f in self.files if f.problems)} of {len(self.files)} "
+                 f"file(s); {self.num_good} of {self.num_records} records readable:"]
+        lines += [f"  - {p}" for p in probs[:MAX_SHOWN]]
+        if len(probs) > MAX_SHOWN:
+            lines.append(f"  ... and {len(probs) - MAX_SHOWN} more (see report.problems)")
+        return "\n".join(lines)
+
+    __str__ = summary
+
+    def raise_if_problems(self) -> None:
+        """Raises a `DataError` describing the problems, if there are any."""
+        if not self.ok:
+            raise DataError(self.summary())
+
+
+def expected_compression(resolved_schema: Schema, compression: Any, from_schema_file: bool):
+    """The compression to read with: the explicit one, the schema's, or None to sniff per file."""
+    if compression == "auto":
+        return resolved_schema.compression if from_schema_file else "auto"
+    return normalize_compression(compression)
+
+
+def file_compression(path: str, expected) -> tuple:
+    """Returns (compression to read with, problem or None) for one file."""
+    if not os.path.exists(path):
+        return expected, RecordProblem(path, None, None, "missing",
+                                       "file not found; check the path, or re-copy the dataset.")
+    with open(path, "rb") as fh:
+        head = fh.read(64)
+    found = sniff_compression(head)
+    if found == NOT_TFRECORD:
+        return expected, RecordProblem(
+            path, None, None, "not_tfrecord",
+            f"is not a TFRecord file (first bytes {head[:8].hex(' ')} are neither a TFRecord header, GZIP nor "
+            f"ZLIB); remove it from the folder/pattern, or convert it with kerasfast.data.write_tfrecords.")
+    if expected == "auto" or found == expected:
+        return found, None
+    return expected, RecordProblem(
+        path, None, None, "compression",
+        f"is {describe_compression(found)} but is read as {describe_compression(expected)}; pass "
+        f"compression={found!r} (or compression='auto' to detect it).")
+
+
+def quick_check(files: Iterable[str], schema: Schema, compression, expected_shards: Mapping,
+                decoder=None) -> tuple:
+    """Cheap per-file checks. Returns ({file: compression}, [RecordProblem])."""
+    problems, comps = [], {}
+    for i, path in enumerate(files):
+        comp, problem = file_compression(path, compression)
+        comps[path] = comp
+        if problem:
+            problems.append(problem)
+            continue
+        shard = expected_shards.get(os.path.abspath(path))
+        if shard is not None:
+            size = os.path.getsize(path)
+            if size != shard.num_bytes:
+                problems.append(RecordProblem(
+                    path, None, None, "size_mismatch",
+                    f"is {size} bytes but was written as {shard.num_bytes} bytes ({shard.num_records} records): it "
+                    f"was truncated or changed after writing; re-copy it or re-run the conversion, or read with "
+                    f"on_error='skip' to use its good records."))
+                continue
+        frame = _first_frame(path, comp)
+        if frame is None:
+            continue  # an empty file is a valid TFRecord file with no records
+        if frame.problem is not None:
+            problems.append(frame.problem)
+            continue
+        if i == 0 and decoder is not None:
+            problem = _decode_problem(decoder, schema, path, 0, frame.offset, frame.payload)
+            if problem:
+                problems.append(problem)
+    return comps, problems
+
+
+def _first_frame(path, comp):
+    frames = iter_frames(path, comp)
+    try:
+        return next(frames)
+    except StopIteration:
+        return None
+    finally:
+        frames.close()
+
+
+def check_tfrecords(
+    path_or_pattern: Any,
+    *,
+    compression: str | None = "auto",
+    features: Schema | Mapping | None = None,
+    image_size=None,
+    parse: bool = True,
+) -> ValidationReport:
+    """Reads every record of every file and reports each problem with its location.
+
+    Checks framing (lengths and CRC32C of the TFRecord format), compression,
+    record counts against schema.json, and, with `parse=True`, that every
+    record parses and decodes with the schema (images included).
+
+    Args:
+        path_or_pattern: folder, glob, file or list of files.
+        compression: "auto" (schema's, else detected per file), None, "GZIP"
+            or "ZLIB".
+        features: explicit `Schema` or feature spec for files without schema.json.
+        image_size: resize target, as passed to `tfrecord_dataset`.
+        parse: also parse and decode each record (slower).
+
+    Returns:
+        A `ValidationReport`; `report.raise_if_problems()` raises a `DataError`.
+
+    Example:
+
+    >>> report = kerasfast.data.check_tfrecords("data/train")   # doctest: +SKIP
+    >>> print(report.summary())                                  # doctest: +SKIP
+    """
+    resolved = resolve_files(path_or_pattern, features=features)
+    expected = expected_compression(resolved.schema, compression, resolved.schema_path is not None)
+    decoder = make_checked_decoder(resolved.schema, image_size) if parse else None
+    reports = [check_file(f, resolved.schema, expected, resolved.expected.get(os.path.abspath(f)), decoder)
+               for f in resolved.files]
+    return ValidationReport(reports, resolved.schema_path)
+
+
+def check_file(path: str, schema: Schema, expected_comp, shard=None, decoder=None) -> FileReport:
+    comp, problem = file_compression(path, expected_comp)
+    report = FileReport(path, comp)
+    if problem:
+        report.problems.append(problem)
+        return report
+    pending = []  # (index, offset, payload) waiting to be parsed as one batch
+
+    def flush():
+        if decoder is not None and pending:
+            report.problems.extend(_decode_chunk(decoder, schema, path, pending))
+        pending.clear()
+
+    for frame in iter_frames(path, comp):
+        if frame.problem is not None:
+            report.problems.append(frame.problem)
+            if frame.problem.fatal_for_file:
+                break
+        else:
+            pending.append((frame.index, frame.offset, frame.payload))
+            if len(pending) >= PARSE_CHUNK:
+                flush()
+        report.num_records = frame.index + 1
+    flush()
+    complete = not any(p.fatal_for_file for p in report.problems)
+    if shard is not None and complete and report.num_records != shard.num_records:
+        report.problems.append(RecordProblem(
+            path, None, None, "count_mismatch",
+            f"holds {report.num_records} records but schema.json says {shard.num_records}; the file was replaced "
+            f"or changed after writing; re-run the conversion."))
+    report.problems.sort(key=lambda p: (p.index is None, p.index or 0))
+    return report
+
+
+def make_checked_decoder(schema: Schema, image_size=None):
+    """The schema's batch decoder, compiled once, for validation passes."""
+    import tensorflow as tf
+
+    decode = schema.make_batch_decoder(image_size)
+    return tf.function(decode, input_signature=[tf.TensorSpec([None], tf.string)])
+
+
+def _decode_chunk(decoder, schema, path, chunk) -> list:
+    import tensorflow as tf
+
+    try:
+        decoder(tf.constant([payload for _, _, payload in chunk]))
+        return []
+    except tf.errors.OpError:
+        pass
+    # Some record in the chunk is bad: find which, one by one (rare path).
+    out = []
+    for index, offset, payload in chunk:
+        problem = _decode_problem(decoder, schema, path, index, offset, payload)
+        if problem:
+            out.append(problem)
+    return out
+
+
+def _decode_problem(decoder, schema, path, index, offset, payload):
+    import tensorflow as tf
+
+    try:
+        decoder(tf.constant([payload]))
+        return None
+    except tf.errors.OpError as exc:
+        message = tf_error_text(exc)
+    # Which feature? Parse alone tells schema mismatches from image decode failures.
+    try:
+        parsed = tf.io.parse_example(tf.constant([payload]), schema.parse_spec())
+    except tf.errors.OpError as exc:
+        detail = tf_error_text(exc)
+        return RecordProblem(path, index, offset, "parse",
+                             f"does not match the schema ({detail}); the file was written with other features: "
+                             f"re-write it, or pass features= that describe it.")
+    images = [f for f in schema.features if getattr(f, "is_image", False)]
+    for f in images:
+        try:
+            tf.io.decode_image(parsed[f.name][0], expand_animations=False)
+        except tf.errors.OpError as exc:
+            detail = tf_error_text(exc)
+            return RecordProblem(path, index, offset, "decode",
+                                 f"image feature {f.name!r} cannot be decoded ({detail}); replace the image and "
+                                 f"re-write the shard, or read with on_error='skip'.")
+    return RecordProblem(path, index, offset, "parse",
+                         f"does not decode with the schema ({message}); the stored sizes or dtypes differ from "
+                         f"schema.json: re-write the file, or pass features= that describe it.")
+
+
+def good_records(report: FileReport) -> Iterable[bytes]:
+    """Yields the payload of every good record of a damaged file, in order."""
+    bad = report.bad_indices
+    for frame in iter_frames(report.file, report.compression):
+        if frame.problem is not None:
+            if frame.problem.fatal_for_file:
+                return
+            continue
+        if frame.index not in bad:
+            yield frame.payload

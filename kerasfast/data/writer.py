@@ -1,0 +1,436 @@
+"""`write_tfrecords`: any supported source -> N TFRecord shards + schema.json."""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import math
+import os
+import re
+import time
+import uuid
+import warnings
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from kerasfast.data.schema import (
+    FLOAT_LIST_DTYPES,
+    INT_LIST_DTYPES,
+    SCHEMA_FILENAME,
+    FeatureSchema,
+    Schema,
+    ShardInfo,
+    normalize_compression,
+)
+from kerasfast.data.sources import AUTO, LABEL_IF_PRESENT, BadRecord, EncodedImage, open_source
+from kerasfast.errors import DataError
+
+# Big enough that per-file overhead does not matter, small enough that a
+# worker's files finish at similar times and a lost shard is cheap to re-copy.
+DEFAULT_SHARD_BYTES = 128 * 1024 * 1024
+# Enough files for a parallel interleave on one machine and for small multi-worker jobs.
+MIN_AUTO_SHARDS = 8
+COMPRESSION_SUFFIX = {None: "", "GZIP": ".gz", "ZLIB": ".zlib"}
+_SHARD_RE = r"-\d{5}-of-\d{5}\.tfrecord(\.gz|\.zlib)?$"
+_PARTIAL_MARK = ".partial-"
+
+
+@dataclasses.dataclass
+class WriteResult:
+    """What `write_tfrecords` wrote.
+
+    Attributes:
+        out_dir: the folder holding the shards and the schema.
+        files: paths of the shards, in order.
+        schema_path: path of schema.json.
+        schema: the `Schema` written there.
+        num_records: records written.
+        num_bytes: total size of the shards on disk.
+        skipped: `(location, reason)` of each source record skipped with
+            `on_error="skip"`.
+        notes: remarks about the conversion (ignored files, inferred types).
+        seconds: wall time of the conversion.
+    """
+
+    out_dir: str
+    files: list
+    schema_path: str
+    schema: Schema
+    num_records: int
+    num_bytes: int
+    skipped: list
+    notes: list
+    seconds: float
+
+    def __str__(self) -> str:
+        comp = self.schema.compression or "uncompressed"
+        text = (f"wrote {self.num_records} records to {len(self.files)} shard(s) in {self.out_dir} "
+                f"({self.num_bytes / 1e6:.1f} MB, {comp}) in {self.seconds:.1f}s")
+        if self.skipped:
+            text += f"; skipped {len(self.skipped)} bad record(s), first: {self.skipped[0][0]}: {self.skipped[0][1]}"
+        return text
+
+
+def shard_name(prefix: str, index: int, count: int, compression: str | None) -> str:
+    return f"{prefix}-{index:05d}-of-{count:05d}.tfrecord{COMPRESSION_SUFFIX[compression]}"
+
+
+def auto_shard_count(num_records: int | None, estimated_bytes: int | None,
+                     target_shard_bytes: int = DEFAULT_SHARD_BYTES) -> int:
+    """Number of shards: about `target_shard_bytes` each, and at least as many
+    as a multi-worker job needs (8, or the workers in TF_CONFIG if more)."""
+    minimum = max(MIN_AUTO_SHARDS, _workers_in_tf_config())
+    by_size = math.ceil(estimated_bytes / target_shard_bytes) if estimated_bytes else 0
+    count = max(minimum, by_size)
+    if num_records is not None:
+        count = min(count, max(1, num_records))
+    return count
+
+
+def _workers_in_tf_config() -> int:
+    try:
+        cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
+    except json.JSONDecodeError:
+        return 0
+    return sum(len(cluster.get(k, [])) for k in ("chief", "worker"))
+
+
+def write_tfrecords(
+    source: Any,
+    out_dir: str | os.PathLike,
+    *,
+    shards: int | None = None,
+    compression: str | None = None,
+    label: Any = AUTO,
+    image_encoding: str | None = None,
+    shuffle: bool = True,
+    seed: int = 0,
+    on_error: str = "raise",
+    overwrite: bool = True,
+    source_type: str | None = None,
+    text_unit: str = "line",
+    csv_dtypes: Mapping[str, str] | None = None,
+    prefix: str = "data",
+    target_shard_bytes: int = DEFAULT_SHARD_BYTES,
+    progress: Callable[[int, int | None], None] | None = None,
+) -> WriteResult:
+    """Converts a data source into TFRecord shards with a schema file beside them.
+
+    Records are streamed: memory stays bounded by one chunk of records plus one
+    open writer per shard, however large the source is. Records go to the
+    shards round-robin, so shards differ by at most one record. Each shard is
+    written under a temporary name and renamed when complete, and
+    `schema.json` is written last: a folder with a schema holds a complete
+    dataset, and an interrupted run leaves the previous dataset (if any) as
+    it was. Re-running overwrites cleanly, removing shards of the old run.
+
+    Args:
+        source: a dict or `(x, y)` tuple of NumPy arrays (first dimension =
+            records), a pandas DataFrame, a Parquet or CSV file / folder /
+            glob, a folder of images with one sub-folder per class, a text
+            file / folder / glob (a language-model corpus), or any iterable
+            of `{feature: value}` dicts.
+        out_dir: folder to write to (created if missing).
+        shards: number of shards; default: about 128 MB each and at least 8
+            (or the number of workers in `TF_CONFIG`), never more than records.
+        compression: None, "GZIP" or "ZLIB". GZIP makes files smaller and
+            costs decode time when reading.
+        label: name of the label feature; default: "y" for an `(x, y)` tuple,
+            "label" for image folders and for sources with a "label" column
+            or key; None for no label.
+        image_encoding: None (store uint8 image arrays raw: fastest to read),
+            "png" (lossless, smaller) or "jpeg" (lossy, smallest). Applies to
+            uint8 arrays of shape (H, W, C), C in 1/3/4. Image folders keep the
+            original file bytes.
+        shuffle: shuffle record order while writing where the source allows
+            random access (arrays, DataFrames, image folders); streaming
+            sources keep their order.
+        seed: seed of that shuffle.
+        on_error: "raise" (default) stops at the first bad source record;
+            "skip" leaves bad records out and lists them in `result.skipped`.
+        overwrite: if False, refuse to write into a folder that already holds
+            a kerasfast dataset.
+        source_type: force how `source` is read: "arrays", "dataframe",
+            "parquet", "csv", "images", "text" or "records".
+        text_unit: for text corpora, "line" (one record per non-empty line)
+            or "file" (one record per file).
+        csv_dtypes: per-column type for CSV files ("int64", "float32",
+            "string"); other columns are inferred from the first 1024 rows.
+        prefix: shard file name prefix.
+        target_shard_bytes: shard size the automatic shard count aims at.
+        progress: called as `progress(records_written, total_or_None)`.
+
+    Returns:
+        A `WriteResult` with the files, schema, record count and sizes.
+
+    Example:
+
+    >>> import numpy as np, tempfile, kerasfast.data as kd
+    >>> x = np.zeros((100, 8, 8, 3), np.uint8); y = np.arange(100) % 10
+    >>> result = kd.write_tfrecords((x, y), tempfile.mkdtemp(), shards=4)
+    >>> result.num_records, len(result.files)
+    (100, 4)
+    """
+    import tensorflow as tf
+
+    started = time.perf_counter()
+    compression = normalize_compression(compression)
+    if on_error not in ("raise", "skip"):
+        raise DataError(f"on_error={on_error!r}: use 'raise' or 'skip'.")
+    if image_encoding not in (None, "png", "jpeg"):
+        raise DataError(f"image_encoding={image_encoding!r}: use None (raw), 'png' or 'jpeg'.")
+    if shards is not None and (not isinstance(shards, (int, np.integer)) or shards < 1):
+        raise DataError(f"shards={shards!r}: pass a positive integer, or None to choose automatically.")
+    if not re.fullmatch(r"[A-Za-z0-9_.]+", prefix):
+        raise DataError(f"prefix={prefix!r}: use letters, digits, '_' and '.' only.")
+
+    out_dir = os.fspath(out_dir)
+    schema_path = os.path.join(out_dir, SCHEMA_FILENAME)
+    if not overwrite and os.path.exists(schema_path):
+        raise DataError(f"{out_dir} already holds a dataset ({SCHEMA_FILENAME}); pass overwrite=True "
+                        f"(--overwrite) to replace it, or choose another folder.")
+    src = open_source(source, label=label, shuffle=shuffle, seed=seed, source_type=source_type,
+                      text_unit=text_unit, csv_dtypes=csv_dtypes)
+    os.makedirs(out_dir, exist_ok=True)
+    _remove_partials(out_dir, prefix)
+
+    count = int(shards) if shards is not None else auto_shard_count(
+        src.num_records, src.estimated_bytes, target_shard_bytes)
+    if src.num_records is not None and src.num_records > 0:
+        count = min(count, src.num_records)
+
+    token = uuid.uuid4().hex[:8]
+    tmp_paths = [os.path.join(out_dir, f".{prefix}-{i:05d}{_PARTIAL_MARK}{token}") for i in range(count)]
+    options = tf.io.TFRecordOptions(compression_type=compression or "")
+    writers = []
+    counts = [0] * count
+    skipped: list = []
+    encoder = _RecordEncoder(image_encoding)
+    written = 0
+    committed = False
+    try:
+        writers = [tf.io.TFRecordWriter(p, options) for p in tmp_paths]
+        for location, record in src.records():
+            if isinstance(record, BadRecord):
+                _bad(on_error, skipped, location, record.reason)
+                continue
+            try:
+                serialized = encoder.encode(record, location)
+            except _RecordMismatch as exc:
+                _bad(on_error, skipped, location, str(exc))
+                continue
+            if written == 0 and src.label == LABEL_IF_PRESENT:
+                src.label = "label" if "label" in encoder.names else None
+            if written == 0 and src.label is not None and src.label not in encoder.names:
+                raise DataError(f"label {src.label!r} is not a feature of the records {encoder.names}; pass label= "
+                                f"one of them, or label=None.")
+            shard = written % count
+            writers[shard].write(serialized)
+            counts[shard] += 1
+            written += 1
+            if progress is not None and written % 256 == 0:
+                progress(written, src.num_records)
+        for w in writers:
+            w.close()
+        if written == 0:
+            raise DataError(f"{src.description} produced no records"
+                            + (f" ({len(skipped)} bad, first: {skipped[0][0]}: {skipped[0][1]})" if skipped else "")
+                            + "; nothing was written.")
+
+        # Commit: only non-empty shards are kept, named by their final count.
+        kept = [i for i in range(count) if counts[i]]
+        final_names = [shard_name(prefix, k, len(kept), compression) for k in range(len(kept))]
+        for i in kept:
+            _fsync(tmp_paths[i])
+        if os.path.exists(schema_path):
+            os.remove(schema_path)  # the old dataset stops being "complete" before its shards change
+        _remove_old_shards(out_dir, prefix, keep=set())
+        shard_infos = []
+        for k, i in enumerate(kept):
+            final = os.path.join(out_dir, final_names[k])
+            os.replace(tmp_paths[i], final)
+            shard_infos.append(ShardInfo(final_names[k], counts[i], os.path.getsize(final)))
+        for i in range(count):
+            if not counts[i] and os.path.exists(tmp_paths[i]):
+                os.remove(tmp_paths[i])
+        schema = Schema(
+            features=encoder.final_features(),
+            label=src.label,
+            compression=compression,
+            num_records=written,
+            shards=shard_infos,
+            classes=src.classes,
+            source=src.description,
+            shuffled=src.shuffled,
+        )
+        schema.save(schema_path)
+        committed = True
+    finally:
+        if not committed:
+            for w in writers:
+                try:
+                    w.close()
+                except Exception:  # already closed or failed: removing the file is what matters
+                    pass
+            for p in tmp_paths:
+                if os.path.exists(p):
+                    os.remove(p)
+    if progress is not None:
+        progress(written, src.num_records)
+    if skipped:
+        warnings.warn(f"write_tfrecords skipped {len(skipped)} bad record(s); first: {skipped[0][0]}: "
+                      f"{skipped[0][1]}. The full list is in result.skipped.", stacklevel=2)
+    files = [os.path.join(out_dir, s.file) for s in shard_infos]
+    return WriteResult(out_dir, files, schema_path, schema, written, sum(s.num_bytes for s in shard_infos),
+                       skipped, list(src.notes), time.perf_counter() - started)
+
+
+def _bad(on_error, skipped, location, reason):
+    if on_error == "raise":
+        raise DataError(f"{location} {reason}. Fix or remove it, or pass on_error='skip' to leave bad records out.")
+    skipped.append((location, reason))
+
+
+def _fsync(path):
+    with open(path, "rb+") as fh:
+        os.fsync(fh.fileno())
+
+
+def _remove_partials(out_dir, prefix):
+    """Temporary shards of an interrupted earlier run are never complete: remove them."""
+    for p in glob.glob(os.path.join(glob.escape(out_dir), f".{glob.escape(prefix)}-*{_PARTIAL_MARK}*")):
+        os.remove(p)
+    for p in glob.glob(os.path.join(glob.escape(out_dir), f"{SCHEMA_FILENAME}.tmp-*")):
+        os.remove(p)
+
+
+def _remove_old_shards(out_dir, prefix, keep):
+    pattern = re.compile(re.escape(prefix) + _SHARD_RE)
+    for entry in os.scandir(out_dir):
+        if entry.is_file() and pattern.fullmatch(entry.name) and entry.name not in keep:
+            os.remove(entry.path)
+
+
+class _RecordMismatch(Exception):
+    """A record whose features do not match the first record's."""
+
+
+class _RecordEncoder:
+    """Infers the features from the first record and serialises every record.
+
+    The first record fixes names, dtypes, shapes and encodings; later records
+    must match (images may vary in height and width).
+    """
+
+    def __init__(self, image_encoding):
+        self.image_encoding = image_encoding
+        self.features: dict | None = None
+        self.names: list = []
+        self._image_shapes: dict = {}
+        self._image_formats: dict = {}
+
+    def final_features(self) -> list:
+        out = []
+        for f in self.features.values():
+            if f.name in self._image_shapes:
+                shapes = self._image_shapes[f.name]
+                fmts = self._image_formats[f.name]
+                f = FeatureSchema(f.name, "uint8", shapes, fmts.pop() if len(fmts) == 1 else "image")
+            out.append(f)
+        return out
+
+    def encode(self, record: Mapping, location: str) -> bytes:
+        import tensorflow as tf
+
+        if self.features is None:
+            self.features = {str(k): self._infer(str(k), v, location) for k, v in record.items()}
+            self.names = list(self.features)
+            if not self.names:
+                raise DataError(f"{location} has no features.")
+        elif len(record) != len(self.features) or any(str(k) not in self.features for k in record):
+            raise _RecordMismatch(f"has features {sorted(map(str, record))}, the first record had {sorted(self.names)}")
+        feature = {}
+        for key, value in record.items():
+            f = self.features[str(key)]
+            feature[f.name] = self._encode_value(f, value)
+        return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+    def _infer(self, name, value, location) -> FeatureSchema:
+        if isinstance(value, EncodedImage):
+            self._image_shapes[name] = tuple(value.shape)
+            self._image_formats[name] = {value.format}
+            return FeatureSchema(name, "uint8", value.shape, value.format)
+        if isinstance(value, (str, bytes)):
+            return FeatureSchema(name, "string", (), "bytes")
+        arr = np.asarray(value)
+        if arr.dtype.kind in "USO":
+            if arr.ndim == 0 and arr.dtype.kind in "US":
+                return FeatureSchema(name, "string", (), "bytes")
+            raise DataError(f"{location}: feature {name!r} is a {arr.dtype} array of shape {arr.shape}; only "
+                            f"numbers, arrays of numbers and single strings can be stored.")
+        dtype = arr.dtype.name
+        if arr.ndim == 0:
+            if dtype in INT_LIST_DTYPES:
+                return FeatureSchema(name, dtype, (), "int64")
+            if dtype in FLOAT_LIST_DTYPES:
+                return FeatureSchema(name, dtype, (), "float")
+        if (self.image_encoding and dtype == "uint8" and arr.ndim == 3 and arr.shape[2] in (1, 3, 4)
+                and not (self.image_encoding == "jpeg" and arr.shape[2] == 4)):
+            self._image_shapes[name] = arr.shape
+            self._image_formats[name] = {self.image_encoding}
+            return FeatureSchema(name, "uint8", arr.shape, self.image_encoding)
+        return FeatureSchema(name, dtype, arr.shape, "raw")  # raises DataError for unsupported dtypes
+
+    def _encode_value(self, f: FeatureSchema, value):
+        import tensorflow as tf
+
+        if f.encoding in ("png", "jpeg", "image"):
+            if isinstance(value, EncodedImage):
+                data, shape = value.data, tuple(value.shape)
+                self._image_formats[f.name].add(value.format)
+            else:
+                arr = np.asarray(value)
+                if arr.dtype != np.uint8 or arr.ndim != 3 or arr.shape[2] != f.shape[2]:
+                    raise _RecordMismatch(f"feature {f.name!r} is {arr.dtype} {arr.shape}, the first record had "
+                                          f"uint8 with {f.shape[2]} channels")
+                shape = arr.shape
+                data = (tf.io.encode_png(arr) if f.encoding == "png" else tf.io.encode_jpeg(arr, quality=95)).numpy()
+            self._merge_image_shape(f.name, shape)
+            return tf.train.Feature(bytes_list=tf.train.BytesList(value=[data]))
+        if f.encoding == "bytes":
+            if isinstance(value, np.ndarray) and value.ndim == 0:
+                value = value.item()
+            if isinstance(value, str):
+                value = value.encode("utf-8")
+            if not isinstance(value, bytes):
+                raise _RecordMismatch(f"feature {f.name!r} is a {type(value).__name__}, the first record had a string")
+            return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+        arr = np.asarray(value)
+        if arr.shape != f.shape:
+            raise _RecordMismatch(f"feature {f.name!r} has shape {arr.shape}, the first record had {f.shape}; all "
+                                  f"records need the same shape (pad or resize them)")
+        target = np.dtype(f.dtype)
+        if arr.dtype != target:
+            if not np.can_cast(arr.dtype, target, casting="same_kind") or arr.dtype.kind in "USO":
+                raise _RecordMismatch(f"feature {f.name!r} is {arr.dtype}, the first record had {f.dtype}")
+            arr = arr.astype(target)
+        if f.encoding == "int64":
+            return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(arr)]))
+        if f.encoding == "float":
+            return tf.train.Feature(float_list=tf.train.FloatList(value=[float(arr)]))
+        if f.dtype == "bool":
+            arr = arr.astype(np.uint8)
+        data = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
+        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[data]))
+
+    def _merge_image_shape(self, name, shape):
+        old = self._image_shapes[name]
+        if tuple(old) == tuple(shape):
+            return
+        h = old[0] if old[0] == shape[0] else None
+        w = old[1] if old[1] == shape[1] else None
+        # decode_image(channels=C) converts, so the widest channel count read covers every image
+        c = max(old[2], shape[2])
+        self._image_shapes[name] = (h, w, c)

@@ -1,0 +1,228 @@
+"""Bad input: every case names the file (and record where it can be known) and the way out.
+
+Damaged files are made by editing real TFRecord bytes: a flipped byte inside a
+record's data breaks its CRC32C, a cut-off end truncates the last record.
+"""
+
+import json
+import os
+import shutil
+import struct
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kerasfast.data as kd
+from kerasfast.errors import DataError
+
+N = 12
+SPEC = {"x": tf.io.FixedLenFeature([], tf.string), "y": tf.io.FixedLenFeature([], tf.int64)}
+
+
+@pytest.fixture()
+def dataset(tmp_path):
+    """12 records (x: 8 float32, y: 0..11) in 2 shards of 6, written in order."""
+    x = np.arange(N * 8, dtype=np.float32).reshape(N, 8)
+    kd.write_tfrecords((x, np.arange(N)), tmp_path / "ds", shards=2, shuffle=False)
+    return tmp_path / "ds"
+
+
+def shard(ds_dir, i=0):
+    return str(ds_dir / f"data-0000{i}-of-00002.tfrecord")
+
+
+def record_offsets(path):
+    data = open(path, "rb").read()
+    offsets, pos = [], 0
+    while pos < len(data):
+        offsets.append(pos)
+        pos += 16 + struct.unpack_from("<Q", data, pos)[0]
+    return offsets
+
+
+def corrupt_data(path, index):
+    """Flips one byte inside the data of record `index`: its CRC32C no longer matches."""
+    data = bytearray(open(path, "rb").read())
+    data[record_offsets(path)[index] + 12 + 5] ^= 0xFF
+    open(path, "wb").write(bytes(data))
+
+
+def truncate(path, nbytes=7):
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[:-nbytes])
+
+
+def labels(ds):
+    return sorted(int(v) for _, y in ds for v in y.numpy())
+
+
+# -- missing files and patterns ------------------------------------------
+
+def test_missing_file(tmp_path):
+    with pytest.raises(DataError, match=r"TFRecord file .*nope\.tfrecord not found"):
+        kd.tfrecord_dataset(str(tmp_path / "nope.tfrecord"), batch_size=2, features=SPEC)
+
+
+def test_empty_glob(tmp_path):
+    with pytest.raises(DataError, match=r"pattern '.*\*\.tfrecord' matches no files"):
+        kd.tfrecord_dataset(str(tmp_path / "*.tfrecord"), batch_size=2)
+
+
+def test_shard_listed_in_schema_is_missing(dataset):
+    os.remove(shard(dataset, 1))
+    with pytest.raises(DataError, match=r"shard .*data-00001-of-00002\.tfrecord listed in .*schema\.json is missing"):
+        kd.tfrecord_dataset(dataset, batch_size=2)
+
+
+def test_files_without_schema_need_a_spec(dataset):
+    os.remove(dataset / "schema.json")
+    with pytest.raises(DataError, match=r"no schema\.json beside .*interrupted.*features="):
+        kd.tfrecord_dataset(dataset, batch_size=2)
+
+
+def test_stale_file_not_in_schema(dataset):
+    shutil.copy(shard(dataset, 0), dataset / "data-00000-of-00008.tfrecord")
+    with pytest.raises(DataError, match=r"data-00000-of-00008\.tfrecord is not listed in .*schema\.json"):
+        kd.tfrecord_dataset(str(dataset / "*.tfrecord"), batch_size=2)
+
+
+# -- damaged records -----------------------------------------------------
+
+def test_truncated_last_record_of_kerasfast_file(dataset):
+    truncate(shard(dataset, 1))
+    with pytest.raises(DataError, match=r"data-00001-of-00002\.tfrecord: is \d+ bytes but was written as \d+ bytes"):
+        kd.tfrecord_dataset(dataset, batch_size=4)
+    with pytest.warns(UserWarning, match=r"left out 1 bad.*data-00001-of-00002\.tfrecord, record 5"):
+        ds = kd.tfrecord_dataset(dataset, batch_size=4, on_error="skip")
+    assert labels(ds) == list(range(11))  # everything but the cut-off last record
+    assert ds.kerasfast_info.num_records == 11 and ds.kerasfast_info.skipped[0].kind == "truncated"
+
+
+def test_truncated_last_record_of_foreign_file(tmp_path, dataset):
+    # No schema, so no sizes to compare: the quick check passes and TensorFlow fails mid-read.
+    path = str(tmp_path / "foreign.tfrecord")
+    shutil.copy(shard(dataset, 0), path)
+    truncate(path)
+    ds = kd.tfrecord_dataset(path, batch_size=2, features=SPEC, label="y", shuffle=False)
+    with pytest.raises(tf.errors.DataLossError) as caught:
+        list(ds)
+    explained = kd.explain_data_error(caught.value, ds)
+    assert isinstance(explained, DataError)
+    assert "foreign.tfrecord, record 5" in str(explained) and "truncated" in str(explained)
+    with pytest.raises(DataError, match=r"foreign\.tfrecord, record 5 \(byte offset \d+\): record 5 is truncated"):
+        kd.tfrecord_dataset(path, batch_size=2, features=SPEC, label="y", validate="full")
+
+
+def test_corrupted_record_is_located_and_skipped_without_losing_the_rest(dataset):
+    corrupt_data(shard(dataset, 0), 2)  # shard 0 holds labels 0, 2, 4, ... (round-robin): record 2 is label 4
+    report = kd.check_tfrecords(dataset)
+    assert not report.ok and [(p.kind, p.index) for p in report.problems] == [("bad_data_crc", 2)]
+    with pytest.raises(DataError, match=r"data-00000-of-00002\.tfrecord, record 2 .*fails the CRC32C check"):
+        kd.tfrecord_dataset(dataset, batch_size=4, validate="full")
+    with pytest.warns(UserWarning, match="left out 1 bad"):
+        ds = kd.tfrecord_dataset(dataset, batch_size=4, on_error="skip")
+    # TensorFlow's ignore_errors() would also drop the records after the bad one; kerasfast keeps them.
+    assert labels(ds) == [i for i in range(N) if i != 4]
+    assert ds.kerasfast_info.steps_per_epoch == 3
+
+
+def test_tensorflow_error_mid_read_is_explained(dataset):
+    corrupt_data(shard(dataset, 1), 4)  # not seen by the quick check (first record is fine)
+    ds = kd.tfrecord_dataset(dataset, batch_size=4)
+    with pytest.raises(tf.errors.DataLossError) as caught:
+        list(ds)
+    message = str(ds.kerasfast_info.explain(caught.value))
+    assert "data-00001-of-00002.tfrecord, record 4" in message and "on_error='skip'" in message
+
+
+# -- whole files that are not what they claim -----------------------------
+
+def test_not_a_tfrecord_file(tmp_path):
+    path = tmp_path / "notes.tfrecord"
+    path.write_text("just some text, not records\n")
+    with pytest.raises(DataError, match=r"notes\.tfrecord: is not a TFRecord file .*remove it"):
+        kd.tfrecord_dataset(str(path), batch_size=2, features=SPEC)
+
+
+def test_skip_leaves_out_an_unreadable_file_and_names_it(tmp_path, dataset):
+    good = shutil.copy(shard(dataset, 0), tmp_path / "good.tfrecord")
+    (tmp_path / "junk.tfrecord").write_bytes(b"PK\x03\x04 a zip file, not records")
+    with pytest.warns(UserWarning, match=r"junk\.tfrecord: is not a TFRecord file"):
+        ds = kd.tfrecord_dataset(str(tmp_path / "*.tfrecord"), batch_size=4, features=SPEC, label="y",
+                                 on_error="skip")
+    assert labels(ds) == [0, 2, 4, 6, 8, 10] and ds.kerasfast_info.files[0] == str(good)
+
+
+def test_gzip_file_read_as_uncompressed_and_the_reverse(tmp_path):
+    x, y = np.zeros((6, 3), np.float32), np.arange(6)
+    gz = kd.write_tfrecords((x, y), tmp_path / "gz", shards=1, compression="GZIP").files[0]
+    plain = kd.write_tfrecords((x, y), tmp_path / "plain", shards=1).files[0]
+    with pytest.raises(DataError, match=r"is GZIP-compressed but is read as uncompressed; pass compression='GZIP'"):
+        kd.tfrecord_dataset(gz, batch_size=2, compression=None)
+    with pytest.raises(DataError, match=r"is uncompressed but is read as GZIP-compressed; pass compression=None"):
+        kd.tfrecord_dataset(plain, batch_size=2, compression="GZIP")
+    # The default detects it instead.
+    assert labels(kd.tfrecord_dataset(gz, batch_size=2)) == list(range(6))
+
+
+def test_truncated_gzip_file(tmp_path):
+    x, y = np.random.default_rng(0).random((30, 16)).astype(np.float32), np.arange(30)
+    path = kd.write_tfrecords((x, y), tmp_path, shards=1, compression="GZIP", shuffle=False).files[0]
+    os.remove(tmp_path / "schema.json")  # as if copied without it: only the bytes can tell
+    truncate(path, 200)
+    spec = {"x": tf.io.FixedLenFeature([], tf.string), "y": tf.io.FixedLenFeature([], tf.int64)}
+    with pytest.warns(UserWarning, match=r"left out 1 bad"):
+        ds = kd.tfrecord_dataset(path, batch_size=8, features=spec, label="y", on_error="skip")
+    problem = ds.kerasfast_info.skipped[0]
+    assert problem.kind == "truncated" and "GZIP-compressed stream breaks" in problem.message
+    got = labels(ds)
+    assert got == list(range(len(got))) and 0 < len(got) < 30  # the records before the cut, in order
+
+
+# -- content that does not match ------------------------------------------
+
+def test_schema_not_matching_the_records(dataset):
+    schema = json.loads((dataset / "schema.json").read_text())
+    schema["features"][0]["name"] = "pixels"  # the records hold "x"
+    (dataset / "schema.json").write_text(json.dumps(schema))
+    with pytest.raises(DataError, match=r"record 0 .*does not match the schema .*pixels"):
+        kd.tfrecord_dataset(dataset, batch_size=2)
+
+
+def test_schema_with_wrong_shape(dataset):
+    schema = json.loads((dataset / "schema.json").read_text())
+    schema["features"][0]["shape"] = [9]  # the records hold 8 floats
+    (dataset / "schema.json").write_text(json.dumps(schema))
+    with pytest.raises(DataError, match=r"record 0 .*does not decode with the schema"):
+        kd.tfrecord_dataset(dataset, batch_size=2)
+
+
+def test_images_that_fail_to_decode(tmp_path):
+    good = tf.io.encode_png(np.full((4, 4, 3), 7, np.uint8)).numpy()
+    broken = good[:20] + b"\x00" * 30  # a PNG header with a garbage body
+    kd.write_tfrecords(({"image": good if i != 3 else broken, "label": i} for i in range(6)),
+                       tmp_path, label="label", shards=1)
+    schema = json.loads((tmp_path / "schema.json").read_text())
+    schema["features"][0].update(dtype="uint8", shape=[4, 4, 3], encoding="png")  # bytes are PNG images
+    (tmp_path / "schema.json").write_text(json.dumps(schema))
+    with pytest.raises(DataError, match=r"data-00000-of-00001\.tfrecord, record 3 .*image feature 'image' cannot be "
+                                        r"decoded"):
+        kd.tfrecord_dataset(tmp_path, batch_size=2, validate="full")
+    with pytest.warns(UserWarning, match="left out 1 bad"):
+        ds = kd.tfrecord_dataset(tmp_path, batch_size=2, on_error="skip", shuffle=False)
+    assert labels(ds) == [0, 1, 2, 4, 5]
+    assert ds.kerasfast_info.skipped[0].kind == "decode"
+
+
+def test_invalid_arguments_are_refused_clearly(dataset):
+    with pytest.raises(DataError, match="batch_size"):
+        kd.tfrecord_dataset(dataset, batch_size=0)
+    with pytest.raises(DataError, match="on_error"):
+        kd.tfrecord_dataset(dataset, batch_size=2, on_error="ignore")
+    with pytest.raises(DataError, match="validate='full'"):
+        kd.tfrecord_dataset(dataset, batch_size=2, on_error="skip", validate="quick")
+    with pytest.raises(DataError, match="compression"):
+        kd.write_tfrecords((np.zeros((2, 1)),), dataset / "x", compression="bz2")
+    with pytest.raises(DataError, match="label 'nope'"):
+        kd.tfrecord_dataset(dataset, batch_size=2, label="nope")

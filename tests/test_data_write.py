@@ -1,0 +1,256 @@
+"""write_tfrecords: every source kind, shards, schema, atomic and repeated writes, CLI."""
+
+import json
+import os
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import tensorflow as tf
+from click.testing import CliRunner
+
+import kerasfast.data as kd
+from kerasfast.data import sources
+from kerasfast.data.cli import convert_command
+from kerasfast.errors import DataError
+
+
+def read_everything(path, **kwargs):
+    """All elements of a dataset as NumPy, concatenated over batches."""
+    ds = kd.tfrecord_dataset(path, batch_size=kwargs.pop("batch_size", 7), shuffle=False, **kwargs)
+    batches = [tf.nest.map_structure(lambda t: t.numpy(), b) for b in ds]
+    return tf.nest.map_structure(lambda *parts: np.concatenate(parts), *batches)
+
+
+def by_label(x, y):
+    return {int(label): x[i] for i, label in enumerate(y)}
+
+
+def test_tuple_of_arrays_roundtrip_and_schema(tmp_path):
+    x = np.random.default_rng(0).integers(0, 256, (20, 4, 4, 3), dtype=np.uint8)
+    y = np.arange(20, dtype=np.int64)
+    result = kd.write_tfrecords((x, y), tmp_path, shards=3)
+    assert [os.path.basename(f) for f in result.files] == [f"data-0000{i}-of-00003.tfrecord" for i in range(3)]
+    assert [s.num_records for s in result.schema.shards] == [7, 7, 6]  # round-robin: equal within one record
+    schema = json.loads((tmp_path / "schema.json").read_text())
+    assert schema["num_records"] == 20 and schema["label"] == "y" and schema["compression"] is None
+    assert schema["features"] == [
+        {"name": "x", "dtype": "uint8", "shape": [4, 4, 3], "encoding": "raw"},
+        {"name": "y", "dtype": "int64", "shape": [], "encoding": "int64"},
+    ]
+    got_x, got_y = read_everything(tmp_path)
+    assert sorted(got_y.tolist()) == list(range(20))
+    got = by_label(got_x, got_y)
+    for i in range(20):
+        np.testing.assert_array_equal(got[i], x[i])
+
+
+def test_dict_of_arrays_keeps_dtypes_shapes_and_strings(tmp_path):
+    n = 6
+    data = {
+        "f64": np.linspace(0, 1, n),                          # float64 scalar: stored raw, exact
+        "vec": np.arange(n * 3, dtype=np.float32).reshape(n, 3),
+        "flag": np.array([True, False] * 3),
+        "word": np.array([f"w{i}" for i in range(n)]),
+        "label": np.arange(n, dtype=np.int32),
+    }
+    result = kd.write_tfrecords(data, tmp_path, shards=2, shuffle=False)
+    assert result.schema.label == "label"
+    encodings = {f.name: f.encoding for f in result.schema.features}
+    assert encodings == {"f64": "raw", "vec": "raw", "flag": "int64", "word": "bytes", "label": "int64"}
+    x, y = read_everything(tmp_path)
+    order = np.argsort(y)
+    assert y.dtype == np.int32 and x["flag"].dtype == bool and x["f64"].dtype == np.float64
+    np.testing.assert_array_equal(x["f64"][order], data["f64"])
+    np.testing.assert_array_equal(x["vec"][order], data["vec"])
+    np.testing.assert_array_equal(x["flag"][order], data["flag"])
+    assert [w.decode() for w in x["word"][order]] == list(data["word"])
+
+
+def test_dataframe_source(tmp_path):
+    df = pd.DataFrame({"a": np.arange(10, dtype=np.int64), "b": np.arange(10) / 2.0,
+                       "name": [f"n{i}" for i in range(10)], "label": np.arange(10) % 2})
+    result = kd.write_tfrecords(df, tmp_path, shards=2)
+    assert result.num_records == 10 and result.schema.label == "label"
+    x, y = read_everything(tmp_path)
+    order = np.argsort(x["a"])
+    np.testing.assert_array_equal(x["b"][order], df["b"].to_numpy())
+    np.testing.assert_array_equal(y[order], df["label"].to_numpy())
+
+
+def test_parquet_streams_in_record_batches(tmp_path, monkeypatch):
+    monkeypatch.setattr(sources, "CHUNK_RECORDS", 4)  # several record batches from a tiny file
+    table = pa.table({"feat": pa.array(np.arange(11, dtype=np.float32)),
+                      "vec": pa.array([[i, i + 1] for i in range(11)], type=pa.list_(pa.int32())),
+                      "label": pa.array(np.arange(11, dtype=np.int64))})
+    pq.write_table(table, tmp_path / "a.parquet", row_group_size=5)
+    source = sources.open_source(str(tmp_path / "a.parquet"))
+    records = source.records()
+    assert source.num_records == 11 and next(records)[0].endswith("a.parquet row 0")  # a generator: lazy
+    result = kd.write_tfrecords(str(tmp_path / "a.parquet"), tmp_path / "out", shards=2)
+    assert result.num_records == 11
+    x, y = read_everything(tmp_path / "out")
+    order = np.argsort(y)
+    np.testing.assert_array_equal(x["vec"][order], [[i, i + 1] for i in range(11)])
+
+
+def test_csv_types_inferred_and_bad_row_reported(tmp_path, monkeypatch):
+    monkeypatch.setattr(sources, "CHUNK_RECORDS", 5)  # types inferred from the first 5 rows
+    path = tmp_path / "t.csv"
+    path.write_text("height,ratio,city,label\n" + "".join(f"{i},{i / 3:.3f},c{i},{i % 3}\n" for i in range(9)))
+    result = kd.write_tfrecords(str(path), tmp_path / "out", shards=2)
+    types = {f.name: f.dtype for f in result.schema.features}
+    assert types == {"height": "int64", "ratio": "float32", "city": "string", "label": "int64"}
+    x, y = read_everything(tmp_path / "out")
+    assert sorted(x["height"].tolist()) == list(range(9))
+
+    with open(path, "a") as fh:
+        fh.write("tall,0.5,c9,1\n")
+    with pytest.raises(DataError, match=r"t\.csv line 11 .*height"):
+        kd.write_tfrecords(str(path), tmp_path / "out2")
+    with pytest.warns(UserWarning, match="skipped 1 bad record"):
+        skipped = kd.write_tfrecords(str(path), tmp_path / "out3", on_error="skip")
+    assert skipped.num_records == 9 and skipped.skipped[0][0].endswith("t.csv line 11")
+
+
+def _write_image(path, image, fmt):
+    data = tf.io.encode_png(image) if fmt == "png" else tf.io.encode_jpeg(image, quality=100)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data.numpy())
+
+
+def test_image_folder_keeps_encoded_bytes_and_classes(tmp_path):
+    rng = np.random.default_rng(1)
+    for cls in ("cat", "dog"):
+        for i in range(3):
+            img = rng.integers(0, 256, (6, 5, 3), dtype=np.uint8)
+            _write_image(tmp_path / "src" / cls / f"{i}.png", img, "png")
+    _write_image(tmp_path / "src" / "dog" / "x.jpg", np.full((6, 5, 3), 128, np.uint8), "jpeg")
+    (tmp_path / "src" / "dog" / "notes.txt").write_text("not an image")
+    result = kd.write_tfrecords(str(tmp_path / "src"), tmp_path / "out", shards=2)
+    assert result.schema.classes == ["cat", "dog"]
+    image = result.schema.feature("image")
+    assert (image.encoding, image.shape, image.dtype) == ("image", (6, 5, 3), "uint8")  # PNG and JPEG mixed
+    assert any("ignored" in n for n in result.notes)
+    x, y = read_everything(tmp_path / "out")
+    assert x.shape == (7, 6, 5, 3) and sorted(y.tolist()) == [0, 0, 0, 1, 1, 1, 1]
+
+
+def test_image_folder_with_undecodable_image(tmp_path):
+    _write_image(tmp_path / "a" / "0.png", np.zeros((4, 4, 3), np.uint8), "png")
+    broken = tmp_path / "a" / "1.png"
+    broken.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 40)  # PNG signature, garbage body
+    with pytest.raises(DataError, match=r"1\.png cannot be decoded as PNG"):
+        kd.write_tfrecords(str(tmp_path), tmp_path / "out")
+    with pytest.warns(UserWarning, match="skipped 1 bad record"):
+        result = kd.write_tfrecords(str(tmp_path), tmp_path / "out", on_error="skip")
+    assert result.num_records == 1 and result.skipped[0][0] == str(broken)
+
+
+def test_array_images_encoded_as_png_roundtrip_exactly(tmp_path):
+    x = np.random.default_rng(2).integers(0, 256, (5, 8, 8, 3), dtype=np.uint8)
+    result = kd.write_tfrecords((x, np.arange(5)), tmp_path, image_encoding="png", shards=1)
+    assert result.schema.feature("x").encoding == "png"
+    got_x, got_y = read_everything(tmp_path)
+    got = by_label(got_x, got_y)
+    for i in range(5):
+        np.testing.assert_array_equal(got[i], x[i])
+
+
+def test_text_corpus_one_record_per_line(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("first line\n\nsecond line\n")
+    (corpus / "b.txt").write_text("third line\r\n")
+    result = kd.write_tfrecords(str(corpus / "*.txt"), tmp_path / "out")
+    assert result.num_records == 3 and result.schema.label is None and len(result.files) == 3
+    text = read_everything(tmp_path / "out")["text"]
+    assert sorted(text.tolist()) == [b"first line", b"second line", b"third line"]
+
+
+def test_iterable_of_dicts_streams_and_checks_every_record(tmp_path):
+    def gen(n, bad_at=None):
+        for i in range(n):
+            yield {"v": np.zeros(3 if i != bad_at else 4, np.float32), "label": i}
+
+    result = kd.write_tfrecords(gen(10), tmp_path / "ok", shards=4)
+    assert result.schema.label == "label"  # found among the keys of the first record
+    assert result.num_records == 10 and [s.num_records for s in result.schema.shards] == [3, 3, 2, 2]
+    with pytest.raises(DataError, match=r"record 6 feature 'v' has shape \(4,\), the first record had \(3,\)"):
+        kd.write_tfrecords(gen(10, bad_at=6), tmp_path / "bad", label="label")
+
+
+def test_rewrite_replaces_old_shards_and_failed_write_keeps_previous(tmp_path):
+    x, y = np.zeros((12, 2), np.float32), np.arange(12)
+    kd.write_tfrecords((x, y), tmp_path, shards=4)
+    (tmp_path / ".data-00000.partial-deadbeef").write_bytes(b"left by a killed run")
+    (tmp_path / "keep-me.txt").write_text("not ours")
+    kd.write_tfrecords((x, y), tmp_path, shards=2)
+    assert sorted(os.listdir(tmp_path)) == ["data-00000-of-00002.tfrecord", "data-00001-of-00002.tfrecord",
+                                           "keep-me.txt", "schema.json"]
+
+    before = {p: (tmp_path / p).read_bytes() for p in os.listdir(tmp_path)}
+
+    def failing():
+        for i in range(5):
+            yield {"v": np.float32(i)}
+        raise RuntimeError("source broke")
+
+    with pytest.raises(RuntimeError, match="source broke"):
+        kd.write_tfrecords(failing(), tmp_path, shards=2)
+    after = {p: (tmp_path / p).read_bytes() for p in os.listdir(tmp_path)}
+    assert after == before  # no partial shard left, previous dataset intact and still complete
+    with pytest.raises(DataError, match="overwrite=True"):
+        kd.write_tfrecords((x, y), tmp_path, overwrite=False)
+
+
+def test_automatic_shard_count(tmp_path, monkeypatch):
+    assert kd.write_tfrecords((np.zeros((20, 1)),), tmp_path / "a").schema.shards.__len__() == 8
+    assert len(kd.write_tfrecords((np.zeros((5, 1)),), tmp_path / "b").files) == 5  # never an empty shard
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": [f"h:{i}" for i in range(12)]}}))
+    assert len(kd.write_tfrecords((np.zeros((40, 1)),), tmp_path / "c").files) == 12
+    from kerasfast.data.writer import auto_shard_count
+    assert auto_shard_count(10**9, 10 * 2**30) == 80  # ~128 MB shards for 10 GiB
+
+
+@pytest.mark.parametrize("compression,suffix,magic", [("GZIP", ".gz", b"\x1f\x8b"), ("ZLIB", ".zlib", b"\x78")])
+def test_compressed_shards(tmp_path, compression, suffix, magic):
+    x = np.tile(np.arange(64, dtype=np.uint8), (30, 1))  # compressible
+    result = kd.write_tfrecords((x, np.arange(30)), tmp_path, shards=2, compression=compression.lower())
+    assert result.schema.compression == compression and result.files[0].endswith(".tfrecord" + suffix)
+    assert open(result.files[0], "rb").read(len(magic)) == magic
+    got_x, got_y = read_everything(tmp_path)
+    assert sorted(got_y.tolist()) == list(range(30)) and (got_x == x[0]).all()
+
+
+def test_cli_convert(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("a,label\n" + "".join(f"{i},{i % 2}\n" for i in range(10)))
+    runner = CliRunner()
+    out = runner.invoke(convert_command, [str(path), str(tmp_path / "out"), "--shards", "2",
+                                          "--compression", "GZIP"])
+    assert out.exit_code == 0, out.output
+    assert "wrote 10 records to 2 shard(s)" in out.output
+    assert kd.dataset_info(str(tmp_path / "out")).schema.compression == "GZIP"
+    missing = runner.invoke(convert_command, [str(tmp_path / "nope.csv"), str(tmp_path / "o2")])
+    assert missing.exit_code == 1 and "nope.csv does not exist" in missing.output
+
+
+@pytest.mark.slow
+def test_streaming_source_keeps_memory_bounded(tmp_path):
+    import tracemalloc
+
+    def big(n=30_000):
+        for i in range(n):
+            yield {"blob": np.full(1024, i % 251, np.uint8), "label": i}
+
+    tracemalloc.start()
+    try:
+        result = kd.write_tfrecords(big(), tmp_path, label="label", shards=4)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert result.num_records == 30_000 and result.num_bytes > 30_000 * 1024
+    assert peak < 5 * 2**20, f"peak Python memory {peak / 2**20:.1f} MiB for a ~31 MB source"
