@@ -69,10 +69,10 @@ def _arrays(data, batch_size: int, shuffle: bool, seed: int | None, what: str) -
     num_samples = next(iter(lengths.values()))
     if num_samples == 0:
         raise DataError(f"{what} is empty: give at least one sample.")
-    dataset = tf.data.Dataset.from_tensor_slices(tuple(parts))
-    if shuffle:
-        dataset = dataset.shuffle(num_samples, seed=seed, reshuffle_each_iteration=True)
-    dataset = dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+    from kerasfast.data import array_dataset
+
+    # x as the whole (x, y[, w]) tuple makes every element that tuple.
+    dataset = array_dataset(tuple(parts), None, batch_size=batch_size, shuffle=shuffle, seed=seed)
     sample = tf.nest.map_structure(lambda a: np.asarray(a)[:batch_size], tuple(parts))
     facts = DataFacts(batch_size=None, num_samples=num_samples, steps_per_epoch=math.ceil(num_samples / batch_size))
     return PreparedData(dataset, facts, sample[0], f"NumPy arrays, {num_samples} samples", sample)
@@ -105,11 +105,11 @@ def _tfrecords(pattern: str, batch_size: int, shuffle: bool, seed: int | None, w
     from kerasfast import data as kf_data
 
     dataset = kf_data.tfrecord_dataset(pattern, batch_size=batch_size, shuffle=shuffle, seed=seed)
+    info = dataset.kerasfast_info
     prepared = _dataset(dataset, what)
-    num_records = getattr(dataset, "num_records", None)
-    steps = math.ceil(num_records / batch_size) if num_records else prepared.facts.steps_per_epoch
-    prepared.facts = DataFacts(batch_size=None, num_samples=num_records, steps_per_epoch=steps)
-    prepared.description = f"TFRecords {pattern}" + (f", {num_records} records" if num_records else "")
+    prepared.facts = DataFacts(batch_size=None, num_samples=info.num_records, steps_per_epoch=info.steps_per_epoch)
+    records = f", {info.num_records} records" if info.num_records else ""
+    prepared.description = f"TFRecords {pattern}{records}; pipeline: {info.settings}"
     return prepared
 
 

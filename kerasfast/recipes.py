@@ -1,0 +1,129 @@
+"""What every recipe in `recipes/` shares: its flags and its run folder.
+
+A recipe is a short script that reads top to bottom like a keras-io
+example. The parts that would otherwise be copied into each of them live
+here: the common command-line flags, turning them into `kerasfast.fit`
+options, and finishing a run folder (metrics JSON and PNG plots of the
+loss/metric curves and throughput).
+
+Example (inside a recipe):
+
+    parser = recipes.parser("Train a tabular MLP.", epochs=20, batch_size=128)
+    args = parser.parse_args(argv)
+    result = kerasfast.fit(build, data, **recipes.fit_options(args), ...)
+    recipes.finish(args.out, result, {"test_accuracy": acc})
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+from kerasfast.runs import write_json
+
+RECIPES = ("image_classification", "gpt", "text_classification", "tabular")
+
+
+def parser(description: str, *, epochs: int, batch_size: int, out: str | None = None) -> argparse.ArgumentParser:
+    """An argument parser with the flags every recipe takes.
+
+    Flags: --epochs, --batch-size, --precision, --strategy, --jit, --prune
+    (target sparsity, 0 = off), --export (write the pruned int8 TFLite and
+    report), --out RUN_DIR, --smoke (tiny sizes, under a minute on 2 cores),
+    --data (the user's own data; each recipe says what it takes).
+    """
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--epochs", type=int, default=epochs)
+    parser.add_argument("--batch-size", type=int, default=batch_size)
+    parser.add_argument("--precision", default="auto",
+                        choices=["auto", "float32", "mixed_float16", "mixed_bfloat16"])
+    parser.add_argument("--strategy", default="auto", choices=["auto", "none", "mirrored", "multi_worker"])
+    parser.add_argument("--jit", default="auto", choices=["auto", "on", "off"], help="XLA compilation")
+    parser.add_argument("--prune", type=float, default=0.0, metavar="SPARSITY",
+                        help="prune to this sparsity while fine-tuning after training (0 = off)")
+    parser.add_argument("--export", action="store_true", help="export (pruned) int8 TFLite + report")
+    parser.add_argument("--out", default=out or f"kerasfast_runs/{pathlib.Path(sys.argv[0]).stem}",
+                        help="run folder")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: finishes in under a minute")
+    parser.add_argument("--data", default=None, help="your own data instead of the built-in default")
+    return parser
+
+
+def fit_options(args) -> dict:
+    """The `kerasfast.fit` overrides the common flags ask for."""
+    jit = {"auto": "auto", "on": True, "off": False}[args.jit]
+    return {"precision": args.precision, "strategy": args.strategy, "jit_compile": jit, "batch_size": args.batch_size}
+
+
+def plot_history(history: dict, path: pathlib.Path, title: str) -> pathlib.Path:
+    """One PNG with a panel per metric (training and validation curves)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [name for name in history if not name.startswith("val_")]
+    figure, axes = plt.subplots(1, max(1, len(names)), figsize=(4.5 * max(1, len(names)), 3.5), squeeze=False)
+    for axis, name in zip(axes[0], names):
+        epochs = range(1, len(history[name]) + 1)
+        axis.plot(epochs, history[name], marker="o", label="train")
+        if f"val_{name}" in history:
+            axis.plot(epochs, history[f"val_{name}"], marker="o", label="validation")
+        axis.set_xlabel("epoch")
+        axis.set_title(name)
+        axis.legend()
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def plot_throughput(rates: dict[str, float], path: pathlib.Path, unit: str) -> pathlib.Path:
+    """A bar chart of measured rates, e.g. {"train": 1234.0, "LiteRT int8": 5678.0}."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(5, 3.5))
+    labels = list(rates)
+    axis.bar(labels, [rates[k] for k in labels])
+    axis.set_ylabel(unit)
+    axis.set_title("measured throughput")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def finish(out, result, metrics: dict, *, unit: str = "samples/s", rate_scale: float = 1.0) -> dict:
+    """Writes `metrics.json`, `curves.png` and `throughput.png` into the run folder.
+
+    Args:
+        out: The run folder.
+        result: The `kerasfast.FitResult` of the main training run.
+        metrics: The recipe's own figures (accuracy, perplexity, ...).
+        unit: Throughput unit for the plot ("samples/s", "tokens/s").
+        rate_scale: Multiplier from samples/s to `unit` (e.g. sequence length).
+
+    Returns:
+        The metrics as written, with throughput and plan figures added.
+    """
+    out = pathlib.Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rate = result.throughput.samples_per_second
+    metrics = {
+        **metrics,
+        unit.replace("/", "_per_").replace(" ", "_"): rate * rate_scale if rate else None,
+        "precision": result.plan.precision,
+        "jit_compile": result.plan.jit_compile,
+        "strategy": result.plan.strategy,
+        "num_replicas": result.plan.num_replicas,
+    }
+    write_json(out / "metrics.json", metrics)
+    plot_history(result.history.history, out / "curves.png", title=out.name)
+    if rate:
+        plot_throughput({"train": rate * rate_scale}, out / "throughput.png", unit)
+    return metrics

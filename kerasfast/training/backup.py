@@ -1,0 +1,180 @@
+"""Fault-tolerant training: save the training state, resume exactly.
+
+A `Backup` keeps one file, `backup_dir/state.npz`, holding every variable
+that training changes (model, optimizer, metrics) and where training stood
+(epochs done, steps into the current epoch, the data-shuffling seed). It is
+written atomically (temporary file, then rename) by the chief only, every
+`every_steps` steps at an update boundary and at every epoch end, and
+removed when training completes.
+
+A re-run of the same command finds the file, restores the variables and
+skips exactly the batches already trained on: the data stream of a run is
+one deterministic sequence over all epochs (fixed shuffle seed), so the
+resumed run sees the same batches in the same order as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import uuid
+
+import keras
+import numpy as np
+
+from kerasfast.errors import PlanError
+
+STATE_FILE = "state.npz"
+DEFAULT_EVERY_STEPS = 100
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """Where a run stood when its state was saved.
+
+    Attributes:
+        epoch: Epochs fully done.
+        step: Steps done in the current (unfinished) epoch.
+        seed: The data-shuffling seed of the run.
+        signature: What the state was saved for (variable shapes, batch,
+            steps per epoch); a resume must match it.
+    """
+
+    epoch: int
+    step: int
+    seed: int
+    signature: dict
+
+    def batches_done(self, steps_per_epoch: int) -> int:
+        return self.epoch * steps_per_epoch + self.step
+
+
+def training_variables(model) -> list:
+    """Every variable training changes, in a stable order."""
+    variables = list(model.variables)
+    optimizer = model.optimizer
+    if optimizer is not None:
+        variables += list(optimizer.variables)
+    for metric in model.metrics:
+        variables += list(metric.variables)
+    seen, unique = set(), []
+    for variable in variables:
+        key = id(variable)
+        if key not in seen:
+            seen.add(key)
+            unique.append(variable)
+    return unique
+
+
+def signature(model, plan) -> dict:
+    return {
+        "shapes": [list(v.shape) for v in training_variables(model)],
+        "global_batch_size": plan.global_batch_size,
+        "steps_per_epoch": plan.steps_per_epoch,
+        "grad_accum_steps": plan.grad_accum_steps,
+    }
+
+
+class Backup:
+    """The state file of one run.
+
+    Args:
+        directory: Folder of the state file (shared by all workers).
+        is_chief: Only the chief writes.
+    """
+
+    def __init__(self, directory, is_chief: bool = True):
+        self.directory = pathlib.Path(directory)
+        self.path = self.directory / STATE_FILE
+        self.is_chief = is_chief
+
+    def progress(self) -> Progress | None:
+        """The saved progress, or None when there is nothing to resume."""
+        if not self.path.is_file():
+            return None
+        with np.load(self.path, allow_pickle=False) as data:
+            meta = json.loads(str(data["meta"]))
+        return Progress(meta["epoch"], meta["step"], meta["seed"], meta["signature"])
+
+    def save(self, model, plan, progress: Progress) -> None:
+        """Writes the state atomically (chief only; other workers return)."""
+        # All workers read the variables (under MultiWorkerMirroredStrategy a
+        # read may be a collective every worker must join); one writes.
+        arrays = {f"v{i}": keras.ops.convert_to_numpy(v.value) for i, v in enumerate(training_variables(model))}
+        if not self.is_chief:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        meta = dataclasses.asdict(progress)
+        temporary = self.directory / f".{STATE_FILE}.tmp-{uuid.uuid4().hex[:8]}.npz"
+        try:
+            np.savez(temporary, meta=np.array(json.dumps(meta)), **arrays)
+            os.replace(temporary, self.path)
+        finally:
+            temporary.unlink(missing_ok=True)
+
+    def restore(self, model, plan) -> Progress:
+        """Loads the saved variables into `model` (built, compiled) and returns the progress.
+
+        Raises:
+            PlanError: When the state was saved for a different model or plan.
+        """
+        progress = self.progress()
+        expected = signature(model, plan)
+        if progress.signature != expected:
+            changed = [k for k in expected if progress.signature.get(k) != expected[k]]
+            raise PlanError(
+                f"the backup in {self.directory} was saved for a different run ({', '.join(changed)} differ): "
+                "delete it to start afresh, or pass another backup_dir=."
+            )
+        with np.load(self.path, allow_pickle=False) as data:
+            for index, variable in enumerate(training_variables(model)):
+                variable.assign(data[f"v{index}"])
+        return progress
+
+    def clear(self) -> None:
+        if self.is_chief:
+            self.path.unlink(missing_ok=True)
+
+
+class BackupCallback(keras.callbacks.Callback):
+    """Saves the state every `every_steps` steps (at an update boundary) and at each epoch end.
+
+    Args:
+        backup: The `Backup`.
+        plan: The run's plan.
+        seed: The data seed to record.
+        first_epoch, first_step: Where this (possibly resumed) fit starts.
+    """
+
+    def __init__(self, backup: Backup, plan, seed: int, every_steps: int, first_epoch: int = 0, first_step: int = 0):
+        super().__init__()
+        self.backup = backup
+        self.plan = plan
+        self.seed = seed
+        self.every_steps = every_steps
+        self._epoch = first_epoch
+        self._offset = first_step  # steps of the current epoch done before this fit
+        self._last_saved = first_step
+
+    def _progress(self, epoch, step):
+        return Progress(epoch, step, self.seed, signature(self.model, self.plan))
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch != self._epoch:
+            self._offset = 0
+            self._last_saved = 0
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = self._offset + batch + 1
+        at_update_boundary = step % self.plan.grad_accum_steps == 0
+        if at_update_boundary and step - self._last_saved >= self.every_steps and step < self.plan.steps_per_epoch:
+            self.backup.save(self.model, self.plan, self._progress(self._epoch, step))
+            self._last_saved = step
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.backup.save(self.model, self.plan, self._progress(epoch + 1, 0))
+        self._offset = 0
+        self._last_saved = 0
