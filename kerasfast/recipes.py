@@ -10,15 +10,25 @@ Example (inside a recipe):
 
     parser = recipes.parser("Train a tabular MLP.", epochs=20, batch_size=128)
     args = parser.parse_args(argv)
+    cluster = recipes.start(args)          # before any tensor or model exists
     result = kerasfast.fit(build, data, **recipes.fit_options(args), ...)
-    recipes.finish(args.out, result, {"test_accuracy": acc})
+    if cluster.is_chief:
+        recipes.finish(args.out, result, {"test_accuracy": acc})
+
+`kerasfast recipe NAME [flags]` (`recipe_command`) runs `recipes/NAME.py`.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
+import importlib.util
 import pathlib
+import shutil
 import sys
+import tempfile
+
+import click
 
 from kerasfast.runs import write_json
 
@@ -48,6 +58,44 @@ def parser(description: str, *, epochs: int, batch_size: int, out: str | None = 
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: finishes in under a minute")
     parser.add_argument("--data", default=None, help="your own data instead of the built-in default")
     return parser
+
+
+def start(args):
+    """Prepares the process for training; call it before any tensor or model exists.
+
+    Sizes TensorFlow's thread pools and, when `TF_CONFIG` lists several
+    workers (e.g. under `kerasfast launch -n 2`), creates the
+    MultiWorkerMirroredStrategy, which TensorFlow only allows before its
+    runtime starts.
+
+    Args:
+        args: The parsed common flags (uses `args.strategy`).
+
+    Returns:
+        This process's `kerasfast.distribute.ClusterSpec`: `.is_chief` says
+        whether it writes the run folder.
+    """
+    from kerasfast import distribute
+    from kerasfast.threads import configure_threads, runtime_started
+
+    if not runtime_started():
+        configure_threads()
+    distribute.setup(args.strategy)
+    return distribute.cluster_from_env()
+
+
+def data_dir(out, cluster) -> pathlib.Path:
+    """Where this process writes the recipe's TFRecords.
+
+    The chief keeps them in the run folder (`out/data`); other workers of a
+    multi-worker job write their own copy to a temporary folder, removed at
+    exit, so that only the chief writes the run folder.
+    """
+    if cluster.is_chief:
+        return pathlib.Path(out) / "data"
+    folder = pathlib.Path(tempfile.mkdtemp(prefix=f"kerasfast-recipe-worker{cluster.index}-"))
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
 
 
 def fit_options(args) -> dict:
@@ -98,7 +146,8 @@ def plot_throughput(rates: dict[str, float], path: pathlib.Path, unit: str) -> p
     return path
 
 
-def finish(out, result, metrics: dict, *, unit: str = "samples/s", rate_scale: float = 1.0) -> dict:
+def finish(out, result, metrics: dict, *, unit: str = "samples/s", rate_scale: float = 1.0,
+           rates: dict[str, float] | None = None) -> dict:
     """Writes `metrics.json`, `curves.png` and `throughput.png` into the run folder.
 
     Args:
@@ -107,6 +156,8 @@ def finish(out, result, metrics: dict, *, unit: str = "samples/s", rate_scale: f
         metrics: The recipe's own figures (accuracy, perplexity, ...).
         unit: Throughput unit for the plot ("samples/s", "tokens/s").
         rate_scale: Multiplier from samples/s to `unit` (e.g. sequence length).
+        rates: Other measured rates in `unit` to plot beside training, e.g.
+            {"LiteRT int8 (batch 1)": 2500.0}.
 
     Returns:
         The metrics as written, with throughput and plan figures added.
@@ -125,5 +176,62 @@ def finish(out, result, metrics: dict, *, unit: str = "samples/s", rate_scale: f
     write_json(out / "metrics.json", metrics)
     plot_history(result.history.history, out / "curves.png", title=out.name)
     if rate:
-        plot_throughput({"train": rate * rate_scale}, out / "throughput.png", unit)
+        plot_throughput({"train": rate * rate_scale, **(rates or {})}, out / "throughput.png", unit)
     return metrics
+
+
+def recipes_folder() -> pathlib.Path:
+    """The repository's `recipes/` folder, next to the `kerasfast` package.
+
+    Raises:
+        click.ClickException: When kerasfast is not installed from a checkout
+            of its repository (e.g. from a wheel), so there is no folder.
+    """
+    import kerasfast
+
+    folder = pathlib.Path(kerasfast.__file__).resolve().parents[1] / "recipes"
+    if not folder.is_dir():
+        raise click.ClickException(
+            f"no recipes folder at {folder}: the recipes ship with the kerasfast repository, not the package. "
+            "Clone the repository and install it with `pip install -e .`, or run a recipe as "
+            "`python recipes/NAME.py` from the checkout."
+        )
+    return folder
+
+
+def available_recipes() -> list[str]:
+    """Names of the recipes in `recipes_folder()` (file names without `.py`)."""
+    return sorted(p.stem for p in recipes_folder().glob("*.py") if not p.name.startswith("_"))
+
+
+def load_recipe(name: str):
+    """Imports `recipes/NAME.py` as a module (it is not a package on `sys.path`)."""
+    path = recipes_folder() / f"{name}.py"
+    if not path.is_file():
+        raise click.ClickException(f"no recipe {name!r}: the recipes are {', '.join(available_recipes())}.")
+    spec = importlib.util.spec_from_file_location(f"kerasfast_recipe_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not callable(getattr(module, "main", None)):
+        raise click.ClickException(f"{path} has no main(argv) function to run.")
+    return module
+
+
+@click.command("recipe", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("name")
+@click.argument("flags", nargs=-1, type=click.UNPROCESSED)
+def recipe_command(name, flags):
+    """Run recipe NAME end to end (FLAGS go to the recipe; NAME --help lists them).
+
+    The recipes live in the repository's recipes/ folder: image_classification,
+    gpt, text_classification and tabular.
+
+    Example: kerasfast recipe tabular --smoke --out runs/tabular
+    """
+    from kerasfast.errors import KerasfastError
+
+    module = load_recipe(name)
+    try:
+        module.main(list(flags))
+    except KerasfastError as error:
+        raise click.ClickException(str(error)) from error

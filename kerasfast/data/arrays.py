@@ -31,12 +31,19 @@ def array_dataset(
     seed: int | None = None,
     *,
     drop_remainder: bool = False,
+    repeat: bool = False,
 ):
     """Turns in-memory arrays into a shuffled, batched, prefetched dataset.
 
     Shuffling permutes *indices* (a full, uniform shuffle each epoch, with only
     one int64 per record of extra memory) and each batch is gathered with one
     vectorised `tf.gather`, instead of slicing records one by one.
+
+    With `repeat=True` and a seed the result is an endless stream of passes
+    whose order depends only on `(seed, pass number)` (a stateless shuffle),
+    not on how many iterators were made before: a resumed run that skips the
+    batches it already trained on sees exactly the batches an uninterrupted
+    run would.
 
     Args:
         x: a NumPy array, or a dict / tuple / list of arrays (multi-input
@@ -46,6 +53,8 @@ def array_dataset(
         shuffle: reshuffle every epoch.
         seed: seed of the shuffle.
         drop_remainder: drop the last short batch.
+        repeat: make an endless stream of passes (each pass keeps its own
+            short last batch).
 
     Returns:
         A `tf.data.Dataset` of `(x, y)` batches (or `x` when `y` is None), with
@@ -75,10 +84,20 @@ def array_dataset(
         raise DataError("the arrays have no records.")
     tensors = tf.nest.pack_sequence_as(data, [tf.convert_to_tensor(a) for a in arrays])
 
-    indices = tf.data.Dataset.range(n)
-    if shuffle:
-        indices = indices.shuffle(n, seed=seed, reshuffle_each_iteration=True)
-    batches = indices.batch(batch_size, drop_remainder=drop_remainder)
+    if repeat:
+        def one_pass(pass_number):
+            order = tf.range(n, dtype=tf.int64)
+            if shuffle:
+                pass_seed = tf.stack([tf.constant(seed or 0, tf.int64), pass_number])
+                order = tf.random.experimental.stateless_shuffle(order, seed=pass_seed)
+            return tf.data.Dataset.from_tensor_slices(order).batch(batch_size, drop_remainder=drop_remainder)
+
+        batches = tf.data.Dataset.range(2**62).flat_map(one_pass)
+    else:
+        indices = tf.data.Dataset.range(n)
+        if shuffle:
+            indices = indices.shuffle(n, seed=seed, reshuffle_each_iteration=True)
+        batches = indices.batch(batch_size, drop_remainder=drop_remainder)
     ds = batches.map(lambda idx: tf.nest.map_structure(lambda t: tf.gather(t, idx), tensors),
                      num_parallel_calls=tf.data.AUTOTUNE, deterministic=seed is not None or not shuffle)
     ds = ds.prefetch(tf.data.AUTOTUNE)

@@ -225,15 +225,17 @@ class DistributedSteps:
         return run
 
     @classmethod
-    def prepare(cls, model, strategy, plan, sample_batch) -> "DistributedSteps":
-        """Builds a compiled model's state under `strategy` and installs the steps.
+    def prepare(cls, model, strategy, plan, micro_steps_done: int = 0) -> "DistributedSteps":
+        """Installs the steps on a compiled model whose state was built under
+        `strategy` (`keras_compat.build_state`).
 
-        Call inside `strategy.scope()`, after `model.compile`.
+        Args:
+            micro_steps_done: Train steps already run (a resumed run).
         """
-        keras_compat.build_state(model, sample_batch)
         keras_compat.detach_from_creation_strategy(model)
         steps = cls(model, strategy, steps_per_execution=plan.steps_per_execution,
-                    grad_accum_steps=plan.grad_accum_steps, jit_compile=plan.jit_compile)
+                    grad_accum_steps=plan.grad_accum_steps, jit_compile=plan.jit_compile,
+                    micro_steps_done=micro_steps_done)
         steps.install()
         return steps
 

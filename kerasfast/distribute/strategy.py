@@ -21,7 +21,8 @@ from kerasfast.errors import PlanError
 from kerasfast.hardware import Hardware
 
 STRATEGIES = ("auto", "none", "mirrored", "multi_worker")
-# A collective that has not completed in this time means a peer is gone.
+# A collective that has not completed in this time means a peer is gone
+# (override with the KERASFAST_COLLECTIVE_TIMEOUT environment variable).
 DEFAULT_COLLECTIVE_TIMEOUT_S = 120
 
 _MULTI_WORKER = {}  # the process's one MultiWorkerMirroredStrategy, as TF allows only one
@@ -105,12 +106,17 @@ def _runtime_started() -> bool:
     return runtime_started()
 
 
-def multi_worker_strategy(timeout_seconds: int = DEFAULT_COLLECTIVE_TIMEOUT_S):
+def _default_timeout() -> int:
+    return int(os.environ.get("KERASFAST_COLLECTIVE_TIMEOUT", DEFAULT_COLLECTIVE_TIMEOUT_S))
+
+
+def multi_worker_strategy(timeout_seconds: int | None = None):
     """The process's MultiWorkerMirroredStrategy, created on first use.
 
     Args:
         timeout_seconds: Collective operations that take longer fail with an
-            error naming the lost peer instead of hanging.
+            error naming the lost peer instead of hanging (default 120 s, or
+            the KERASFAST_COLLECTIVE_TIMEOUT environment variable).
 
     Raises:
         PlanError: When TensorFlow started before the strategy was created.
@@ -127,14 +133,14 @@ def multi_worker_strategy(timeout_seconds: int = DEFAULT_COLLECTIVE_TIMEOUT_S):
         )
     options = tf.distribute.experimental.CommunicationOptions(
         implementation=tf.distribute.experimental.CommunicationImplementation.RING,
-        timeout_seconds=timeout_seconds,
+        timeout_seconds=timeout_seconds or _default_timeout(),
     )
     strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     _MULTI_WORKER["strategy"] = strategy
     return strategy
 
 
-def setup(strategy="auto", timeout_seconds: int = DEFAULT_COLLECTIVE_TIMEOUT_S):
+def setup(strategy="auto", timeout_seconds: int | None = None):
     """Creates the strategy a multi-worker script needs; call it first thing.
 
     In a single-process run this does nothing and returns None.

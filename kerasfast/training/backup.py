@@ -40,12 +40,14 @@ class Progress:
         seed: The data-shuffling seed of the run.
         signature: What the state was saved for (variable shapes, batch,
             steps per epoch); a resume must match it.
+        history: Logs of the epochs already done (Keras `History` form).
     """
 
     epoch: int
     step: int
     seed: int
     signature: dict
+    history: dict = dataclasses.field(default_factory=dict)
 
     def batches_done(self, steps_per_epoch: int) -> int:
         return self.epoch * steps_per_epoch + self.step
@@ -96,13 +98,13 @@ class Backup:
             return None
         with np.load(self.path, allow_pickle=False) as data:
             meta = json.loads(str(data["meta"]))
-        return Progress(meta["epoch"], meta["step"], meta["seed"], meta["signature"])
+        return Progress(meta["epoch"], meta["step"], meta["seed"], meta["signature"], meta.get("history", {}))
 
     def save(self, model, plan, progress: Progress) -> None:
         """Writes the state atomically (chief only; other workers return)."""
         # All workers read the variables (under MultiWorkerMirroredStrategy a
         # read may be a collective every worker must join); one writes.
-        arrays = {f"v{i}": keras.ops.convert_to_numpy(v.value) for i, v in enumerate(training_variables(model))}
+        arrays = {f"v{i}": np.asarray(v.numpy()) for i, v in enumerate(training_variables(model))}
         if not self.is_chief:
             return
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -114,8 +116,13 @@ class Backup:
         finally:
             temporary.unlink(missing_ok=True)
 
-    def restore(self, model, plan) -> Progress:
-        """Loads the saved variables into `model` (built, compiled) and returns the progress.
+    def restore(self, model, plan) -> tuple[Progress, list]:
+        """Loads the saved variables into `model` (built, compiled).
+
+        Returns:
+            `(progress, metric_values)`: where the run stood, and the
+            `(variable, value)` pairs of the metrics, which Keras resets when
+            the resumed epoch begins (see `loop.run_epochs`).
 
         Raises:
             PlanError: When the state was saved for a different model or plan.
@@ -128,14 +135,23 @@ class Backup:
                 f"the backup in {self.directory} was saved for a different run ({', '.join(changed)} differ): "
                 "delete it to start afresh, or pass another backup_dir=."
             )
+        metric_variables = {id(v) for metric in model.metrics for v in metric.variables}
+        metric_values = []
         with np.load(self.path, allow_pickle=False) as data:
             for index, variable in enumerate(training_variables(model)):
-                variable.assign(data[f"v{index}"])
-        return progress
+                value = data[f"v{index}"]
+                variable.assign(value)
+                if id(variable) in metric_variables:
+                    metric_values.append((variable, value))
+        return progress, metric_values
 
     def clear(self) -> None:
         if self.is_chief:
             self.path.unlink(missing_ok=True)
+            try:
+                self.directory.rmdir()  # only if nothing else lives there
+            except OSError:
+                pass
 
 
 class BackupCallback(keras.callbacks.Callback):
@@ -146,10 +162,13 @@ class BackupCallback(keras.callbacks.Callback):
         plan: The run's plan.
         seed: The data seed to record.
         first_epoch, first_step: Where this (possibly resumed) fit starts.
+        history: Logs of the epochs done before this fit.
     """
 
-    def __init__(self, backup: Backup, plan, seed: int, every_steps: int, first_epoch: int = 0, first_step: int = 0):
+    def __init__(self, backup: Backup, plan, seed: int, every_steps: int, first_epoch: int = 0, first_step: int = 0,
+                 history: dict | None = None):
         super().__init__()
+        self.history = {name: list(values) for name, values in (history or {}).items()}
         self.backup = backup
         self.plan = plan
         self.seed = seed
@@ -159,7 +178,7 @@ class BackupCallback(keras.callbacks.Callback):
         self._last_saved = first_step
 
     def _progress(self, epoch, step):
-        return Progress(epoch, step, self.seed, signature(self.model, self.plan))
+        return Progress(epoch, step, self.seed, signature(self.model, self.plan), self.history)
 
     def on_epoch_begin(self, epoch, logs=None):
         if epoch != self._epoch:
@@ -175,6 +194,8 @@ class BackupCallback(keras.callbacks.Callback):
             self._last_saved = step
 
     def on_epoch_end(self, epoch, logs=None):
+        for name, value in (logs or {}).items():
+            self.history.setdefault(name, []).append(float(value))
         self.backup.save(self.model, self.plan, self._progress(epoch + 1, 0))
         self._offset = 0
         self._last_saved = 0

@@ -16,9 +16,11 @@ import shutil
 import tempfile
 
 import keras
+import numpy as np
 
 from kerasfast import costs, threads
-from kerasfast.distribute import DistributedSteps, resolve_strategy
+from kerasfast.distribute import DistributedSteps, keras_compat, resolve_strategy
+from kerasfast.distribute.failures import lost_peer_errors
 from kerasfast.errors import DataError, ModelError, PlanError
 from kerasfast.hardware import detect_hardware
 from kerasfast.plan import DataFacts, ModelFacts, Plan, RunFacts, resolve_plan, resolve_precision
@@ -26,6 +28,8 @@ from kerasfast.runs import DEFAULT_ROOT, new_run_dir, save_model, write_json
 from kerasfast.training import optimizers
 from kerasfast.training.inputs import check_inputs_match, prepare_data
 from kerasfast.training.models import PreparedModel, build_scope, copy_weights, prepare_model
+from kerasfast.training.backup import DEFAULT_EVERY_STEPS, Backup
+from kerasfast.training.loop import run_epochs
 from kerasfast.training.throughput import Throughput, ThroughputMeter, samples_counter
 
 COMPUTE_DTYPES = {"float32": "float32", "mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}
@@ -155,6 +159,8 @@ def fit(
     scale_lr: bool = False,
     prune=None,
     run_dir=None,
+    backup_dir=None,
+    backup_every: int = DEFAULT_EVERY_STEPS,
     save_model_file: bool = True,
 ) -> FitResult:
     """Trains a Keras 3 model the fast way on the hardware found.
@@ -201,6 +207,13 @@ def fit(
             `kerasfast_runs/`, False writes nothing. Only the chief worker
             writes it; other workers write to a temporary folder that is
             removed.
+        backup_dir: Folder for the training-state backup (shared by all
+            workers). None: `run_dir/backup` when `run_dir` is given, else
+            off; False: off. A re-run of the same command with a backup
+            there resumes exactly where it stopped, mid-epoch included; the
+            backup is removed when training completes.
+        backup_every: Save the state every this many steps (at an update
+            boundary) as well as at every epoch end.
         save_model_file: Save the trained model as `model.keras` in the run
             folder.
 
@@ -242,13 +255,20 @@ def fit(
         threads.configure_threads(early.intra_op_threads, early.inter_op_threads)
     distribution = resolve_strategy(strategy, hardware)
     tf_strategy = distribution.strategy
-    if distribution.name == "multi_worker" and seed is None:
-        # Every worker must shuffle identically, or sharding by data would
-        # give workers overlapping samples.
-        seed = 0
+    if backup_dir is None and run_dir not in (None, False):
+        backup_dir = pathlib.Path(run_dir) / "backup"
+    backup = Backup(backup_dir, is_chief=distribution.is_chief) if backup_dir not in (None, False) else None
+    progress = backup.progress() if backup is not None else None
+    if progress is not None:
+        seed = progress.seed  # the resumed run must see the same data order
+    elif seed is None:
+        # Every worker must shuffle identically (or sharding by data would
+        # give workers overlapping samples), and a resumable run must be able
+        # to replay its order: both need a fixed seed.
+        seed = 0 if distribution.name == "multi_worker" else int(np.random.default_rng().integers(2**31))
 
     policy, _ = resolve_precision(hardware, precision)
-    train_data = prepare_data(data, batch_size=batch_size or 32, shuffle=shuffle, seed=seed)
+    train_data = prepare_data(data, batch_size=batch_size or 32, shuffle=shuffle, seed=seed, repeat=True)
     val_data = None
     if validation_data is not None:
         val_data = prepare_data(validation_data, batch_size=train_data.facts.batch_size or batch_size or 32,
@@ -307,7 +327,7 @@ def fit(
         steps_per_epoch=steps_per_epoch, scale_lr=scale_lr,
         num_replicas=distribution.num_replicas, strategy_name=distribution.name,
         strategy_reason=distribution.reason,
-        whole_updates_per_execution=tf_strategy is not None,
+        whole_updates_per_execution=tf_strategy is not None or bool(train_data.facts.steps_per_epoch or steps_per_epoch),
     )
     pruning_config = None
     if prune is not None:
@@ -354,24 +374,26 @@ def fit(
             from kerasfast.compress import apply_pruning
 
             pruned_layers = apply_pruning(train_model, pruning_config)
+        keras_compat.build_state(train_model, train_data.sample_batch)
+        metric_values = None
+        if progress is not None:
+            progress, metric_values = backup.restore(train_model, plan)
+            if verbose != 0 and distribution.is_chief:
+                print(f"kerasfast: resuming from {backup.path} at epoch {progress.epoch + 1}, step {progress.step}")
         if tf_strategy is not None:
-            DistributedSteps.prepare(train_model, tf_strategy, plan, train_data.sample_batch)
-    train_dataset = train_data.dataset
-    if tf_strategy is not None:
-        # Whole executions over repeated data: no step is ever conditional.
-        train_dataset = train_dataset.repeat()
-    num_samples = train_data.facts.num_samples if tf_strategy is None else None
-    meter = ThroughputMeter(samples_counter(plan.global_batch_size, num_samples))
-    with scope():
-        history = train_model.fit(
-            train_dataset,
-            validation_data=val_data.dataset if val_data is not None else None,
-            epochs=epochs,
-            steps_per_epoch=plan.steps_per_epoch if tf_strategy is not None else steps_per_epoch,
-            callbacks=callbacks + [meter],
+            DistributedSteps.prepare(train_model, tf_strategy, plan,
+                                     progress.batches_done(plan.steps_per_epoch) if progress else 0)
+    meter = ThroughputMeter(samples_counter(plan.global_batch_size, train_data.facts.num_samples),
+                            plan.steps_per_epoch, first_step=progress.step if progress else 0)
+    with scope(), lost_peer_errors(distribution):
+        history = run_epochs(
+            train_model, train_data.dataset, plan=plan, epochs=epochs, callbacks=callbacks + [meter],
             verbose=verbose if distribution.is_chief else 0,
-            shuffle=False,  # the dataset shuffles itself; Keras would only warn
+            validation_data=val_data.dataset if val_data is not None else None,
+            backup=backup, backup_every=backup_every, progress=progress, metric_values=metric_values, seed=seed,
         )
+    if backup is not None:
+        backup.clear()
     pruning_summary = None
     if pruning_config is not None:
         from kerasfast.compress import finalize_pruning

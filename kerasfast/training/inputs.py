@@ -46,7 +46,7 @@ def _first_dim(structure) -> int | None:
     return None
 
 
-def _arrays(data, batch_size: int, shuffle: bool, seed: int | None, what: str) -> PreparedData:
+def _arrays(data, batch_size: int, shuffle: bool, seed: int | None, what: str, repeat: bool) -> PreparedData:
     import tensorflow as tf
 
     if not isinstance(data, (tuple, list)) or len(data) not in (2, 3):
@@ -71,8 +71,10 @@ def _arrays(data, batch_size: int, shuffle: bool, seed: int | None, what: str) -
         raise DataError(f"{what} is empty: give at least one sample.")
     from kerasfast.data import array_dataset
 
-    # x as the whole (x, y[, w]) tuple makes every element that tuple.
-    dataset = array_dataset(tuple(parts), None, batch_size=batch_size, shuffle=shuffle, seed=seed)
+    # x as the whole (x, y[, w]) tuple makes every element that tuple. The
+    # endless, stateless stream lets a resumed run replay the exact order.
+    dataset = array_dataset(tuple(parts), None, batch_size=batch_size, shuffle=shuffle, seed=seed,
+                            repeat=repeat)
     sample = tf.nest.map_structure(lambda a: np.asarray(a)[:batch_size], tuple(parts))
     facts = DataFacts(batch_size=None, num_samples=num_samples, steps_per_epoch=math.ceil(num_samples / batch_size))
     return PreparedData(dataset, facts, sample[0], f"NumPy arrays, {num_samples} samples", sample)
@@ -114,7 +116,7 @@ def _tfrecords(pattern: str, batch_size: int, shuffle: bool, seed: int | None, w
 
 
 def prepare_data(data, *, batch_size: int | None, shuffle: bool = True, seed: int | None = None,
-                 what: str = "data") -> PreparedData:
+                 what: str = "data", repeat: bool = False) -> PreparedData:
     """Normalises `data` into a batched dataset and describes it.
 
     Args:
@@ -126,6 +128,8 @@ def prepare_data(data, *, batch_size: int | None, shuffle: bool = True, seed: in
         seed: Shuffle seed.
         what: How to call the data in error messages ("data",
             "validation_data").
+        repeat: For arrays, return an endless, reproducible stream of
+            passes (training); other data is repeated by the caller.
 
     Returns:
         A `PreparedData`.
@@ -140,7 +144,7 @@ def prepare_data(data, *, batch_size: int | None, shuffle: bool = True, seed: in
     if isinstance(data, (str, os.PathLike)):
         return _tfrecords(os.fspath(data), batch_size, shuffle, seed, what)
     if isinstance(data, (tuple, list)):
-        return _arrays(data, batch_size, shuffle, seed, what)
+        return _arrays(data, batch_size, shuffle, seed, what, repeat)
     raise DataError(
         f"{what} of type {type(data).__name__} is not supported: pass a tf.data.Dataset, (x, y) NumPy arrays, "
         "or a TFRecord path/pattern."

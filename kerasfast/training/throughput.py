@@ -44,7 +44,12 @@ class ThroughputMeter(keras.callbacks.Callback):
 
     Args:
         samples_in_steps: `f(first_step, last_step)` giving the number of
-            samples in that inclusive range of steps within an epoch.
+            samples in that inclusive range of steps, counted from the start
+            of training (see `samples_counter`).
+        steps_per_epoch: Steps per epoch when known (to number steps across
+            epochs of a repeated data stream), else None.
+        first_step: Steps of the first epoch already done before this run
+            (a resumed run).
 
     Example:
 
@@ -53,9 +58,12 @@ class ThroughputMeter(keras.callbacks.Callback):
     >>> meter.result().samples_per_second
     """
 
-    def __init__(self, samples_in_steps):
+    def __init__(self, samples_in_steps, steps_per_epoch: int | None = None, first_step: int = 0):
         super().__init__()
         self._samples_in_steps = samples_in_steps
+        self._steps_per_epoch = steps_per_epoch
+        self._offset = first_step
+        self._epoch_start = 0
         self._first_execution_s = None
         self._steps = 0
         self._samples = 0
@@ -64,6 +72,9 @@ class ThroughputMeter(keras.callbacks.Callback):
         self._last_step = -1
 
     def on_epoch_begin(self, epoch, logs=None):
+        if self._last_step >= 0:  # a later epoch: only the first one is resumed mid-way
+            self._offset = 0
+        self._epoch_start = epoch * self._steps_per_epoch + self._offset if self._steps_per_epoch else 0
         self._last_end = None
         self._last_step = -1
 
@@ -78,7 +89,7 @@ class ThroughputMeter(keras.callbacks.Callback):
             self._first_execution_s = now - self._last_end
         else:
             self._steps += last - first + 1
-            self._samples += self._samples_in_steps(first, last)
+            self._samples += self._samples_in_steps(self._epoch_start + first, self._epoch_start + last)
             self._seconds += now - self._last_end
         self._last_end = now
         self._last_step = batch
@@ -96,16 +107,21 @@ class ThroughputMeter(keras.callbacks.Callback):
 
 
 def samples_counter(batch_size: int, num_samples: int | None):
-    """Returns `f(first_step, last_step)` counting samples, exact for a known
-    epoch size (the last batch may be partial), else `batch_size` per step."""
+    """Returns `f(first_step, last_step)` counting the samples of those steps.
+
+    Steps are numbered from the start of training over a data stream that
+    repeats passes of `num_samples` samples; the last batch of each pass is
+    partial. Without `num_samples` every step counts `batch_size`.
+    """
+    batches_per_pass = -(-num_samples // batch_size) if num_samples else None
 
     def count(first: int, last: int) -> int:
         total = 0
         for step in range(first, last + 1):
-            if num_samples is None:
-                total += batch_size
+            if batches_per_pass and step % batches_per_pass == batches_per_pass - 1:
+                total += num_samples - (batches_per_pass - 1) * batch_size
             else:
-                total += max(0, min(batch_size, num_samples - step * batch_size))
+                total += batch_size
         return total
 
     return count

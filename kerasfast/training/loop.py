@@ -1,0 +1,105 @@
+"""Running the planned epochs with Keras's `fit`, resumable at any update.
+
+When the epoch length is known, the training data is one repeated,
+deterministic stream and an epoch is `plan.steps_per_epoch` steps of it. A
+run resumed from a backup at (epoch e, step s) skips the e·S + s batches it
+already trained on and runs in at most two Keras `fit` calls: the rest of
+epoch e (its metrics continue from the saved state), then the remaining
+epochs. Their histories are merged into one.
+"""
+
+from __future__ import annotations
+
+import keras
+
+from kerasfast.training.backup import Backup, BackupCallback, Progress
+
+
+class _RestoreMetrics(keras.callbacks.Callback):
+    """Puts back the saved metric state of a partly finished epoch.
+
+    Keras resets metrics when an epoch begins; this runs right after, so the
+    resumed epoch's logs cover all its steps, as in an uninterrupted run.
+    """
+
+    def __init__(self, values):
+        super().__init__()
+        self._values = values
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self._values is not None:
+            for variable, value in self._values:
+                variable.assign(value)
+            self._values = None
+
+
+def _merge(histories, earlier: dict, first_epoch: int) -> keras.callbacks.History:
+    """One History: the epochs done before a resume, then this run's."""
+    merged = keras.callbacks.History()
+    if histories:
+        merged.set_model(histories[-1].model)
+    combined: dict[str, list] = {name: list(values) for name, values in earlier.items()}
+    epochs: list[int] = list(range(first_epoch))
+    for history in histories:
+        epochs += list(history.epoch)
+        for name, values in history.history.items():
+            combined.setdefault(name, []).extend(values)
+    merged.history = combined
+    merged.epoch = epochs
+    return merged
+
+
+def run_epochs(model, dataset, *, plan, epochs: int, callbacks: list, verbose, validation_data=None,
+               backup: Backup | None = None, backup_every: int = 0, progress: Progress | None = None,
+               metric_values=None, seed: int = 0) -> keras.callbacks.History:
+    """Trains `model` (compiled, built) for the plan's epochs, saving backups and resuming.
+
+    Args:
+        model: The compiled model.
+        dataset: The batched training dataset (one pass over the data).
+        plan: The resolved plan (its `steps_per_epoch` may be None: then
+            epochs last until the data ends and resuming works per epoch).
+        epochs: Total epochs of the run.
+        callbacks: Callbacks for every `fit` call.
+        verbose: Keras verbosity.
+        validation_data: Batched validation dataset or None.
+        backup: Where to save the state, or None.
+        backup_every: Save every this many steps (plus at epoch ends).
+        progress: Where a resumed run stands (None for a fresh run).
+        metric_values: `(variable, value)` pairs restoring the metrics of a
+            partly finished epoch.
+        seed: The data seed to record in backups.
+
+    Returns:
+        The Keras `History` of the whole run, epochs before a resume included.
+    """
+    steps = plan.steps_per_epoch
+    stream = dataset.repeat() if steps else dataset
+    epoch, step = (progress.epoch, progress.step) if progress else (0, 0)
+    phases = []
+    if step:
+        phases.append((epoch, epoch + 1, steps - step, step))
+        epoch += 1
+    if epoch < epochs:
+        phases.append((epoch, epochs, steps, 0))
+    histories = []
+    earlier = dict(progress.history) if progress else {}
+    for first_epoch, last_epoch, phase_steps, first_step in phases:
+        done = first_epoch * steps + first_step if steps else 0
+        extra = []
+        if backup is not None:
+            done_logs = _merge(histories, earlier, first_epoch).history if histories else earlier
+            extra.append(BackupCallback(backup, plan, seed, backup_every, first_epoch, first_step, done_logs))
+        if first_step and metric_values is not None:
+            extra.append(_RestoreMetrics(metric_values))
+        histories.append(model.fit(
+            stream.skip(done) if done else stream,
+            validation_data=validation_data,
+            initial_epoch=first_epoch,
+            epochs=last_epoch,
+            steps_per_epoch=phase_steps,
+            callbacks=extra + callbacks,
+            verbose=verbose,
+            shuffle=False,  # the dataset shuffles itself; Keras would only warn
+        ))
+    return _merge(histories, earlier, progress.epoch if progress else 0)
