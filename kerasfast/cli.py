@@ -3,6 +3,9 @@
     kerasfast info [--json]         hardware found and the default plan
     kerasfast quickstart [--out D]  train the digits convnet with the auto plan
     kerasfast launch -n N -- CMD    run CMD as an N-worker job on this machine
+    kerasfast convert SRC OUT       write TFRecord shards + schema
+    kerasfast export MODEL OUT      SavedModel / TFLite, verified in LiteRT
+    kerasfast recipe NAME [flags]   run an end-to-end recipe from recipes/
 """
 
 from __future__ import annotations
@@ -108,9 +111,11 @@ def launch(num_workers, port, command):
 def _register_subcommands():
     from kerasfast.data.cli import convert_command
     from kerasfast.export.cli import export_command
+    from kerasfast.recipes import recipe_command
 
     main.add_command(convert_command)
     main.add_command(export_command)
+    main.add_command(recipe_command)
 
 
 _register_subcommands()

@@ -275,6 +275,11 @@ def _resolve_steps_per_execution(requested, data: DataFacts, model: ModelFacts, 
         step_s = TRAIN_STEP_FLOPS_PER_FORWARD * flops * batch_size / run.peak_flops
         wanted = math.ceil(EXECUTION_OVERHEAD_S / (OVERHEAD_BUDGET * max(step_s, 1e-9)))
         chosen = max(1, min(cap, wanted))
+        steps = data.steps_per_epoch
+        if steps and steps % chosen:
+            # A divisor of the epoch keeps every execution whole without
+            # rounding the epoch up.
+            chosen = next((d for d in range(chosen, cap + 1) if steps % d == 0), chosen)
         return chosen, (
             f"{chosen}: a step is ~{step_s * 1e3:.3f} ms of math "
             f"({TRAIN_STEP_FLOPS_PER_FORWARD * flops * batch_size / 1e6:.1f} MFLOP at "
@@ -472,11 +477,6 @@ def resolve_plan(
         steps_per_execution, data, model, run, per_replica
     )
     if whole_updates_per_execution:
-        if steps_per_epoch is None:
-            raise PlanError(
-                f"under {strategy_name} kerasfast needs to know the epoch length: pass steps_per_epoch= "
-                "(the dataset's length is unknown)."
-            )
         if steps_per_epoch % spe:
             rounded = math.ceil(steps_per_epoch / spe) * spe
             reasons["steps_per_epoch"] = (

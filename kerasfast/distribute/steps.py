@@ -1,6 +1,7 @@
-"""kerasfast's own distributed train and test steps.
+"""kerasfast's own train and test steps, for one device and for tf.distribute.
 
-Under tf.distribute, Keras 3.15's step functions fail with XLA, with
+Every `kerasfast.fit` runs these steps (one device uses TensorFlow's default
+strategy), so there is one code path to test. Under tf.distribute, Keras 3.15's step functions fail with XLA, with
 `steps_per_execution` > 1 (a `tf.while_loop` over optionals around
 `strategy.run`) and with the optimizer's gradient accumulation (a
 `merge_call` inside a `tf.cond`). These steps avoid all three by
@@ -15,6 +16,11 @@ construction:
   never sits inside a conditional;
 - only the forward and backward pass is compiled with XLA, never the
   collective, which XLA cannot run on CPUs.
+
+Each micro-step also times how long it waits for its batch: two
+`tf.timestamp` ops around `next(iterator)`, chained by control
+dependencies to the previous step's results and to the batch.
+`input_wait_seconds()` tells how input-bound training was.
 
 Keras's `fit` loop, callbacks, History and progress bar are kept: the steps
 are installed as the model's `train_function` / `test_function`.
@@ -63,6 +69,7 @@ class DistributedSteps:
         self.jit_compile = jit_compile
         self._accumulators = None
         self._compute_fn = None
+        self._input_wait = None
         # Micro-steps run so far (resumed runs start from their checkpoint).
         self.micro_steps = micro_steps_done
 
@@ -145,6 +152,31 @@ class DistributedSteps:
 
     # -- execution functions -------------------------------------------------
 
+    def input_wait_seconds(self) -> float:
+        """Seconds the training steps have waited for their input so far."""
+        return float(self._input_wait.numpy()) if self._input_wait is not None else 0.0
+
+    def _tensors(self, structure) -> list:
+        """The local tensors of a (possibly per-replica) structure."""
+        tensors = []
+        for value in keras.tree.flatten(structure):
+            if value is not None:
+                tensors.extend(self.strategy.experimental_local_results(value))
+        return tensors
+
+    def _next_batch(self, iterator, after):
+        """`next(iterator)`, timed: from when the previous step's results
+        (`after`) exist to when the batch does."""
+        import tensorflow as tf
+
+        with tf.control_dependencies(self._tensors(after)):
+            start = tf.timestamp()
+        with tf.control_dependencies([start]):
+            batch = next(iterator)
+        with tf.control_dependencies(self._tensors(batch)):
+            self._input_wait.assign_add(tf.timestamp() - start)
+        return batch
+
     def _execution(self, apply_after: tuple[bool, ...]):
         """A compiled execution of `len(apply_after)` micro-steps, with an
         optimizer update after each micro-step marked True."""
@@ -157,7 +189,7 @@ class DistributedSteps:
             def run(iterator):
                 logs = None
                 for _ in apply_after:
-                    logs = strategy.run(replica_step, args=(next(iterator),))
+                    logs = strategy.run(replica_step, args=(self._next_batch(iterator, logs),))
                 return _reduce_logs(strategy, logs)
         else:
             micro_step = self._make_replica_micro_step(self._compute_fn)
@@ -165,7 +197,7 @@ class DistributedSteps:
             def run(iterator):
                 logs = None
                 for apply in apply_after:
-                    logs = strategy.run(micro_step, args=(next(iterator),))
+                    logs = strategy.run(micro_step, args=(self._next_batch(iterator, logs),))
                     if apply:
                         strategy.run(self._replica_apply)
                 return _reduce_logs(strategy, logs)
@@ -181,9 +213,13 @@ class DistributedSteps:
         `grad_accum_steps`) are each traced once, so the decision to update
         is made in Python, never by a conditional around a collective.
         """
+        import tensorflow as tf
+
         self._compute_fn = self._compute()
         if self.grad_accum_steps > 1 and self._accumulators is None:
             self._create_accumulators()
+        if self._input_wait is None:
+            self._input_wait = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="input_wait_seconds")
         executions = {}
 
         def train(iterator):
@@ -212,17 +248,28 @@ class DistributedSteps:
         steps = self.steps_per_execution
 
         # Keras hands the test function one chunk of `steps_per_execution`
-        # batches; at the end of finite validation data `next` raises
-        # OutOfRange, which Keras turns into the end of the evaluation (the
-        # metrics already hold the batches that ran).
+        # batches; validation data may end inside a chunk, so each step is
+        # taken only if a batch is left. Evaluation has no cross-replica
+        # update, so a loop around `strategy.run` is safe here. The logs are
+        # read from the metrics afterwards, aggregated over replicas.
         @tf.function(reduce_retracing=True)
         def run(iterator):
-            logs = None
-            for _ in range(steps):
-                logs = strategy.run(replica_step, args=(next(iterator),))
-            return _reduce_logs(strategy, logs)
+            ran = tf.constant(False)
+            for _ in tf.range(steps):
+                optional = iterator.get_next_as_optional()
+                if not optional.has_value():
+                    break
+                strategy.run(replica_step, args=(optional.get_value(),))
+                ran = tf.constant(True)
+            return ran, model.get_metrics_result()
 
-        return run
+        def test(iterator):
+            ran, logs = run(iterator)
+            if not bool(ran):
+                raise StopIteration  # Keras's signal that the data has ended
+            return logs
+
+        return test
 
     @classmethod
     def prepare(cls, model, strategy, plan, micro_steps_done: int = 0) -> "DistributedSteps":

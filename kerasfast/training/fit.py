@@ -17,6 +17,7 @@ import tempfile
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from kerasfast import costs, threads
 from kerasfast.distribute import DistributedSteps, keras_compat, resolve_strategy
@@ -30,7 +31,7 @@ from kerasfast.training.inputs import check_inputs_match, prepare_data
 from kerasfast.training.models import PreparedModel, build_scope, copy_weights, prepare_model
 from kerasfast.training.backup import DEFAULT_EVERY_STEPS, Backup
 from kerasfast.training.loop import run_epochs
-from kerasfast.training.throughput import Throughput, ThroughputMeter, samples_counter
+from kerasfast.training.throughput import Throughput, ThroughputMeter, input_advice, samples_counter
 
 COMPUTE_DTYPES = {"float32": "float32", "mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}
 
@@ -54,6 +55,8 @@ class FitResult:
             place or rebuilt under the plan's precision.
         pruning: Per-layer pruning summary (layer, shape, params, achieved
             sparsity; dense layers with the reason), or None.
+        input_report: Whether training waited for its input, measured
+            during the run, and what to do about it.
     """
 
     history: keras.callbacks.History
@@ -65,6 +68,7 @@ class FitResult:
     data: str
     model_preparation: str
     pruning: list | None = None
+    input_report: str = ""
 
     def summary(self) -> dict:
         """The result as JSON-ready data (what `result.json` holds)."""
@@ -72,6 +76,7 @@ class FitResult:
             "data": self.data,
             "model_preparation": self.model_preparation,
             "throughput": self.throughput.to_dict(),
+            "input": self.input_report,
             "final_metrics": {k: v[-1] for k, v in self.history.history.items() if v},
             "epochs": len(self.history.epoch),
         }
@@ -327,7 +332,7 @@ def fit(
         steps_per_epoch=steps_per_epoch, scale_lr=scale_lr,
         num_replicas=distribution.num_replicas, strategy_name=distribution.name,
         strategy_reason=distribution.reason,
-        whole_updates_per_execution=tf_strategy is not None or bool(train_data.facts.steps_per_epoch or steps_per_epoch),
+        whole_updates_per_execution=bool(train_data.facts.steps_per_epoch or steps_per_epoch),
     )
     pruning_config = None
     if prune is not None:
@@ -362,7 +367,9 @@ def fit(
         # Optimizer variables and metrics are created under the same policy
         # (and strategy) as the model's.
         train_model.compile(
-            optimizer=optimizers.build_optimizer(plan, template, accumulate=tf_strategy is None),
+            # kerasfast's steps accumulate gradients themselves (Keras's
+            # optimizer accumulation fails under tf.distribute).
+            optimizer=optimizers.build_optimizer(plan, template, accumulate=False),
             loss=user_loss,
             metrics=user_metrics,
             jit_compile=plan.jit_compile if tf_strategy is None else False,
@@ -380,11 +387,12 @@ def fit(
             progress, metric_values = backup.restore(train_model, plan)
             if verbose != 0 and distribution.is_chief:
                 print(f"kerasfast: resuming from {backup.path} at epoch {progress.epoch + 1}, step {progress.step}")
-        if tf_strategy is not None:
-            DistributedSteps.prepare(train_model, tf_strategy, plan,
-                                     progress.batches_done(plan.steps_per_epoch) if progress else 0)
+        steps = DistributedSteps.prepare(
+            train_model, tf_strategy or tf.distribute.get_strategy(), plan,
+            progress.batches_done(plan.steps_per_epoch) if progress and plan.steps_per_epoch else 0)
     meter = ThroughputMeter(samples_counter(plan.global_batch_size, train_data.facts.num_samples),
-                            plan.steps_per_epoch, first_step=progress.step if progress else 0)
+                            plan.steps_per_epoch, first_step=progress.step if progress else 0,
+                            input_wait_seconds=steps.input_wait_seconds)
     with scope(), lost_peer_errors(distribution):
         history = run_epochs(
             train_model, train_data.dataset, plan=plan, epochs=epochs, callbacks=callbacks + [meter],
@@ -421,6 +429,7 @@ def fit(
         data=train_data.description,
         model_preparation=prepared.how,
         pruning=pruning_summary,
+        input_report=input_advice(meter.result().input_wait_fraction, train_data.source),
     )
     if folder is not None:
         write_json(folder / "history.json", history.history)
@@ -433,6 +442,7 @@ def fit(
             shutil.rmtree(folder, ignore_errors=True)
             result.run_dir = None
     if verbose != 0 and distribution.is_chief:
+        print(f"kerasfast: {result.input_report}")
         if result.throughput.samples_per_second:
             print(f"kerasfast: {result.throughput.samples_per_second:,.0f} samples/s, "
                   f"{result.throughput.steps_per_second:,.1f} steps/s after the first execution "

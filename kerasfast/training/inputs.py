@@ -29,6 +29,7 @@ class PreparedData:
         sample_inputs: The `x` of one batch (to build and check the model).
         description: One line for the plan and the run folder.
         sample_batch: One whole batch `(x, y[, sample_weight])`.
+        source: "arrays", "tfrecords" or "dataset" (for input advice).
     """
 
     dataset: object
@@ -36,6 +37,7 @@ class PreparedData:
     sample_inputs: object
     description: str
     sample_batch: object = None
+    source: str = "dataset"
 
 
 def _first_dim(structure) -> int | None:
@@ -77,7 +79,7 @@ def _arrays(data, batch_size: int, shuffle: bool, seed: int | None, what: str, r
                             repeat=repeat)
     sample = tf.nest.map_structure(lambda a: np.asarray(a)[:batch_size], tuple(parts))
     facts = DataFacts(batch_size=None, num_samples=num_samples, steps_per_epoch=math.ceil(num_samples / batch_size))
-    return PreparedData(dataset, facts, sample[0], f"NumPy arrays, {num_samples} samples", sample)
+    return PreparedData(dataset, facts, sample[0], f"NumPy arrays, {num_samples} samples", sample, "arrays")
 
 
 def _dataset(dataset, what: str) -> PreparedData:
@@ -112,6 +114,7 @@ def _tfrecords(pattern: str, batch_size: int, shuffle: bool, seed: int | None, w
     prepared.facts = DataFacts(batch_size=None, num_samples=info.num_records, steps_per_epoch=info.steps_per_epoch)
     records = f", {info.num_records} records" if info.num_records else ""
     prepared.description = f"TFRecords {pattern}{records}; pipeline: {info.settings}"
+    prepared.source = "tfrecords"
     return prepared
 
 

@@ -27,6 +27,8 @@ class Throughput:
             compilation + its steps).
         measured_steps: Steps in the steady-state window.
         measured_seconds: Seconds in the steady-state window.
+        input_wait_fraction: Share of the steady-state time the steps spent
+            waiting for their next batch (None when not measured).
     """
 
     samples_per_second: float | None
@@ -34,6 +36,7 @@ class Throughput:
     first_execution_s: float | None
     measured_steps: int
     measured_seconds: float
+    input_wait_fraction: float | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -50,6 +53,8 @@ class ThroughputMeter(keras.callbacks.Callback):
             epochs of a repeated data stream), else None.
         first_step: Steps of the first epoch already done before this run
             (a resumed run).
+        input_wait_seconds: `f()` returning the seconds the train steps have
+            waited for input so far (see `DistributedSteps`), or None.
 
     Example:
 
@@ -58,8 +63,12 @@ class ThroughputMeter(keras.callbacks.Callback):
     >>> meter.result().samples_per_second
     """
 
-    def __init__(self, samples_in_steps, steps_per_epoch: int | None = None, first_step: int = 0):
+    def __init__(self, samples_in_steps, steps_per_epoch: int | None = None, first_step: int = 0,
+                 input_wait_seconds=None):
         super().__init__()
+        self._input_wait_seconds = input_wait_seconds
+        self._wait_start = None
+        self._wait_end = None
         self._samples_in_steps = samples_in_steps
         self._steps_per_epoch = steps_per_epoch
         self._offset = first_step
@@ -87,6 +96,8 @@ class ThroughputMeter(keras.callbacks.Callback):
         first, last = self._last_step + 1, batch
         if self._first_execution_s is None:
             self._first_execution_s = now - self._last_end
+            if self._input_wait_seconds is not None:
+                self._wait_start = self._input_wait_seconds()
         else:
             self._steps += last - first + 1
             self._samples += self._samples_in_steps(self._epoch_start + first, self._epoch_start + last)
@@ -94,16 +105,51 @@ class ThroughputMeter(keras.callbacks.Callback):
         self._last_end = now
         self._last_step = batch
 
+    def on_train_end(self, logs=None):
+        if self._input_wait_seconds is not None and self._wait_start is not None:
+            self._wait_end = self._input_wait_seconds()
+
     def result(self) -> Throughput:
         if self._steps == 0 or self._seconds <= 0:
             return Throughput(None, None, self._first_execution_s, 0, 0.0)
+        wait = None
+        if self._wait_end is not None:
+            wait = min(1.0, max(0.0, (self._wait_end - self._wait_start) / self._seconds))
         return Throughput(
             samples_per_second=self._samples / self._seconds,
             steps_per_second=self._steps / self._seconds,
             first_execution_s=self._first_execution_s,
             measured_steps=self._steps,
             measured_seconds=self._seconds,
+            input_wait_fraction=wait,
         )
+
+
+# Below this share of step time spent waiting for input, the input pipeline
+# keeps up; above INPUT_BOUND it is what limits training.
+INPUT_OK, INPUT_BOUND = 0.05, 0.2
+
+
+def input_advice(fraction: float | None, source: str) -> str:
+    """One line saying whether training waited for input, and what to do.
+
+    Args:
+        fraction: `Throughput.input_wait_fraction`.
+        source: "arrays", "tfrecords" or "dataset".
+    """
+    if fraction is None:
+        return "input wait not measured (run too short)"
+    share = f"{fraction:.0%} of step time waiting for input"
+    if fraction < INPUT_OK:
+        return f"not input-bound: {share}"
+    tips = {
+        "arrays": "the in-memory pipeline cannot feed the model: use a larger batch_size or steps_per_execution",
+        "tfrecords": "raise parallelism (num_parallel_reads / parse_parallelism), cache='memory' if the data "
+                     "fits, write more shards, or use a faster disk",
+        "dataset": "add num_parallel_calls=tf.data.AUTOTUNE to its map()s, .cache() and .prefetch(tf.data.AUTOTUNE)",
+    }
+    level = "input-bound" if fraction >= INPUT_BOUND else "partly input-bound"
+    return f"{level}: {share}; {tips.get(source, tips['dataset'])}"
 
 
 def samples_counter(batch_size: int, num_samples: int | None):

@@ -1,0 +1,55 @@
+"""fit measures how long its steps wait for input, and its advice follows."""
+
+import json
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import kerasfast
+from kerasfast.training.throughput import input_advice
+from tests.helpers import small_convnet
+
+
+def _slow(image):
+    time.sleep(0.001)  # a decode step that is far slower than the model
+    return image
+
+
+def test_a_slow_pipeline_is_reported_input_bound(digits, tmp_path):
+    (x, y), _ = digits
+    x, y = x[:512], y[:512]
+    slow = (tf.data.Dataset.from_tensor_slices((x, y))
+            .map(lambda image, label: (tf.py_function(_slow, [image], tf.float32), label))
+            .map(lambda image, label: (tf.ensure_shape(image, (8, 8, 1)), label))
+            .batch(64))
+    result = kerasfast.fit(small_convnet(), slow, epochs=3, steps_per_execution=1, run_dir=tmp_path,
+                           loss="sparse_categorical_crossentropy", verbose=0)
+    fraction = result.throughput.input_wait_fraction
+    assert fraction > 0.5  # ~64 ms of sleeping per batch against a ~ms step
+    assert result.input_report.startswith("input-bound")
+    assert "num_parallel_calls" in result.input_report  # advice for a tf.data pipeline
+    saved = json.loads((tmp_path / "result.json").read_text())
+    assert saved["input"] == result.input_report
+    assert saved["throughput"]["input_wait_fraction"] == fraction
+
+
+def test_in_memory_arrays_keep_up(digits):
+    (x, y), _ = digits
+    result = kerasfast.fit(small_convnet(), (x, y), epochs=3, batch_size=64, run_dir=False,
+                           loss="sparse_categorical_crossentropy", verbose=0)
+    # Gathering batches from memory is cheap; on 2 shared cores the pipeline
+    # still competes with the model for CPU, so the wait is small, not zero.
+    fraction = result.throughput.input_wait_fraction
+    assert 0 <= fraction < 0.5
+    assert result.input_report == input_advice(fraction, "arrays")
+
+
+def test_advice_follows_the_measurement():
+    assert input_advice(0.01, "arrays").startswith("not input-bound: 1%")
+    assert input_advice(0.1, "tfrecords").startswith("partly input-bound: 10%")
+    bound = input_advice(0.35, "tfrecords")
+    assert bound.startswith("input-bound: 35% of step time waiting for input")
+    assert "cache='memory'" in bound and "shards" in bound
+    assert input_advice(None, "arrays") == "input wait not measured (run too short)"
