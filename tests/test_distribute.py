@@ -103,6 +103,19 @@ def test_two_replicas_reach_the_weights_of_one_replica_at_the_same_global_batch(
         np.testing.assert_allclose(a, b, atol=EQUIVALENCE_ATOL)
 
 
+def test_multi_worker_training_from_tfrecords_shards_files_between_workers(tmp_path, digits):
+    (x, y), _ = digits
+    kerasfast.data.write_tfrecords((x, y), tmp_path / "records", shards=4)
+    command = [sys.executable, "-m", "kerasfast.cli", "launch", "-n", "2", "--", sys.executable,
+               str(ROOT / "tests" / "workers" / "tfrecords.py"), str(tmp_path / "records"), str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:]
+    chief, other = (json.loads((tmp_path / f"worker{i}.json").read_text()) for i in range(2))
+    assert chief["strategy"] == "multi_worker"
+    assert chief["loss"] == other["loss"] and chief["loss"][-1] < chief["loss"][0]
+    assert chief["weights"] == other["weights"]
+
+
 def test_tf_config_is_read_like_cluster_schedulers_write_it():
     env = {"TF_CONFIG": tf_config(["127.0.0.1:1111", "127.0.0.1:2222"], 1)}
     cluster = cluster_from_env(env)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import pathlib
 import shutil
 import tempfile
@@ -27,10 +28,10 @@ from kerasfast.hardware import detect_hardware
 from kerasfast.plan import DataFacts, ModelFacts, Plan, RunFacts, resolve_plan, resolve_precision
 from kerasfast.runs import DEFAULT_ROOT, new_run_dir, save_model, write_json
 from kerasfast.training import optimizers
-from kerasfast.training.inputs import check_inputs_match, prepare_data
+from kerasfast.training.inputs import check_inputs_match, prepare_data, sharded_tfrecord_stream
 from kerasfast.training.models import PreparedModel, build_scope, copy_weights, prepare_model
 from kerasfast.training.backup import DEFAULT_EVERY_STEPS, Backup
-from kerasfast.training.loop import run_epochs
+from kerasfast.training.loop import run_epochs, stream_factory
 from kerasfast.training.throughput import Throughput, ThroughputMeter, input_advice, samples_counter
 
 COMPUTE_DTYPES = {"float32": "float32", "mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}
@@ -394,8 +395,13 @@ def fit(
                             plan.steps_per_epoch, first_step=progress.step if progress else 0,
                             input_wait_seconds=steps.input_wait_seconds)
     with scope(), lost_peer_errors(distribution):
+        if train_data.source == "tfrecords" and distribution.name == "multi_worker":
+            stream_from = sharded_tfrecord_stream(os.fspath(data), tf_strategy, global_batch_size=plan.global_batch_size,
+                                                  shuffle=shuffle, seed=seed)
+        else:
+            stream_from = stream_factory(train_data.dataset, repeat=bool(plan.steps_per_epoch))
         history = run_epochs(
-            train_model, train_data.dataset, plan=plan, epochs=epochs, callbacks=callbacks + [meter],
+            train_model, stream_from, plan=plan, epochs=epochs, callbacks=callbacks + [meter],
             verbose=verbose if distribution.is_chief else 0,
             validation_data=val_data.dataset if val_data is not None else None,
             backup=backup, backup_every=backup_every, progress=progress, metric_values=metric_values, seed=seed,

@@ -118,6 +118,27 @@ def _tfrecords(pattern: str, batch_size: int, shuffle: bool, seed: int | None, w
     return prepared
 
 
+def sharded_tfrecord_stream(pattern: str, strategy, *, global_batch_size: int, shuffle: bool, seed: int | None):
+    """`f(batches_done)` giving a distributed TFRecord stream in which every
+    worker reads its own files (kerasfast.data shards by file when there are
+    enough, else by record, and says so)."""
+    from kerasfast import data as kf_data
+
+    def stream_from(done: int):
+        def worker_dataset(context):
+            dataset = kf_data.tfrecord_dataset(
+                pattern, batch_size=context.get_per_replica_batch_size(global_batch_size), shuffle=shuffle,
+                seed=seed, input_context=context,
+            ).repeat()
+            # Each step takes one batch per local replica from this worker's pipeline.
+            local_replicas = context.num_replicas_in_sync // context.num_input_pipelines
+            return dataset.skip(done * local_replicas) if done else dataset
+
+        return strategy.distribute_datasets_from_function(worker_dataset)
+
+    return stream_from
+
+
 def prepare_data(data, *, batch_size: int | None, shuffle: bool = True, seed: int | None = None,
                  what: str = "data", repeat: bool = False) -> PreparedData:
     """Normalises `data` into a batched dataset and describes it.

@@ -33,6 +33,18 @@ class _RestoreMetrics(keras.callbacks.Callback):
             self._values = None
 
 
+def stream_factory(dataset, repeat: bool):
+    """`f(batches_done)` over one batched dataset: repeated when the epoch
+    length is known (epochs are counted in steps), with the first
+    `batches_done` batches skipped."""
+
+    def stream_from(done: int):
+        stream = dataset.repeat() if repeat else dataset
+        return stream.skip(done) if done else stream
+
+    return stream_from
+
+
 def _merge(histories, earlier: dict, first_epoch: int) -> keras.callbacks.History:
     """One History: the epochs done before a resume, then this run's."""
     merged = keras.callbacks.History()
@@ -49,14 +61,15 @@ def _merge(histories, earlier: dict, first_epoch: int) -> keras.callbacks.Histor
     return merged
 
 
-def run_epochs(model, dataset, *, plan, epochs: int, callbacks: list, verbose, validation_data=None,
+def run_epochs(model, stream_from, *, plan, epochs: int, callbacks: list, verbose, validation_data=None,
                backup: Backup | None = None, backup_every: int = 0, progress: Progress | None = None,
                metric_values=None, seed: int = 0) -> keras.callbacks.History:
     """Trains `model` (compiled, built) for the plan's epochs, saving backups and resuming.
 
     Args:
         model: The compiled model.
-        dataset: The batched training dataset (one pass over the data).
+        stream_from: `f(batches_done)` returning the training stream with
+            the first `batches_done` batches skipped (see `stream_factory`).
         plan: The resolved plan (its `steps_per_epoch` may be None: then
             epochs last until the data ends and resuming works per epoch).
         epochs: Total epochs of the run.
@@ -74,7 +87,6 @@ def run_epochs(model, dataset, *, plan, epochs: int, callbacks: list, verbose, v
         The Keras `History` of the whole run, epochs before a resume included.
     """
     steps = plan.steps_per_epoch
-    stream = dataset.repeat() if steps else dataset
     epoch, step = (progress.epoch, progress.step) if progress else (0, 0)
     phases = []
     if step:
@@ -93,7 +105,7 @@ def run_epochs(model, dataset, *, plan, epochs: int, callbacks: list, verbose, v
         if first_step and metric_values is not None:
             extra.append(_RestoreMetrics(metric_values))
         histories.append(model.fit(
-            stream.skip(done) if done else stream,
+            stream_from(done),
             validation_data=validation_data,
             initial_epoch=first_epoch,
             epochs=last_epoch,
