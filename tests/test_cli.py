@@ -63,3 +63,23 @@ def test_unknown_precision_is_a_usage_error(tmp_path):
     done = run_cli("quickstart", "--out", str(tmp_path / "q"), "--precision", "fp8")
     assert done.returncode == 2
     assert "fp8" in done.stderr
+
+
+def test_every_command_is_registered():
+    done = run_cli("--help")
+    assert done.returncode == 0, done.stderr
+    for command in ("info", "quickstart", "launch", "convert", "export", "recipe"):
+        assert f"  {command}" in done.stdout, command
+
+
+def test_export_is_callable_like_fit(tmp_path):
+    import keras
+    import numpy as np
+
+    import kerasfast
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
+    x = np.random.default_rng(0).random((32, 4), dtype=np.float32)
+    result = kerasfast.export(model, tmp_path / "out", formats=("keras", "tflite_float32"), representative_data=x)
+    assert [row.format for row in result.rows] == ["keras", "tflite_float32"]
+    assert all(row.verified for row in result.rows)
