@@ -98,34 +98,14 @@ def data_dir(out, cluster) -> pathlib.Path:
     return folder
 
 
-def validation_data(cluster, data):
-    """`data` for `fit(validation_data=...)`, or None in a multi-worker job.
-
-    Under MultiWorkerMirroredStrategy kerasfast's distributed test step runs
-    out of input and returns no validation results (Keras warns "Your input
-    ran out of data"), so validation is left to `evaluate` after training.
-    """
-    return data if cluster.num_workers == 1 else None
-
-
 def evaluate(model, x, y, *, loss, metrics) -> dict:
-    """Evaluates `model` on `(x, y)` in this process alone: `{"loss": ..., metric: ...}`.
+    """Evaluates `model` on `(x, y)`: `{"loss": ..., metric: ...}` as floats.
 
-    A model trained under a tf.distribute strategy is evaluated on a local
-    copy with the same weights and dtype policies: its own `evaluate` returns
-    nothing under MultiWorkerMirroredStrategy, and a local evaluation needs
-    no collective with the other workers.
+    A model that was never compiled (e.g. one loaded from disk) is compiled
+    with `loss` and `metrics` first. Under a multi-worker strategy every
+    worker must call it (the evaluation is a collective).
     """
-    import keras
-    import tensorflow as tf
-
-    strategy = getattr(model, "distribute_strategy", None)
-    if strategy is not None and strategy is not tf.distribute.get_strategy():
-        local_copy = keras.models.clone_model(model)
-        local_copy.set_weights(model.get_weights())
-        local_copy.compile(loss=loss, metrics=metrics)
-        model = local_copy
-    elif not model.compiled:
+    if not model.compiled:
         model.compile(loss=loss, metrics=metrics)
     return {name: float(value) for name, value in model.evaluate(x, y, verbose=0, return_dict=True).items()}
 

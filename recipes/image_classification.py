@@ -207,7 +207,7 @@ def main(argv=None) -> dict:
         return application_model(args.model, input_shape, len(classes), image_size)
 
     compiled = dict(loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-    common = dict(validation_data=recipes.validation_data(cluster, (x_test, y_test)), seed=0, verbose=2,
+    common = dict(validation_data=(x_test, y_test), seed=0, verbose=2,
                   **compiled, **recipes.fit_options(args))
     trained = kerasfast.fit(build_model, train, epochs=args.epochs, learning_rate=args.learning_rate,
                             run_dir=out / "train", **common)

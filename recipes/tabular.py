@@ -168,7 +168,7 @@ def main(argv=None) -> dict:
         compile_options = dict(loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     else:
         compile_options = dict(loss="mse", metrics=["mae"])
-    common = dict(validation_data=recipes.validation_data(cluster, (x_test, y_test)), seed=0, verbose=2,
+    common = dict(validation_data=(x_test, y_test), seed=0, verbose=2,
                   **compile_options, **recipes.fit_options(args))
     trained = kerasfast.fit(lambda: build_mlp(x_train, y_train, len(classes) if classes else None),
                             str(train_folder), epochs=args.epochs, learning_rate=args.learning_rate,

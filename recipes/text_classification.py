@@ -247,7 +247,7 @@ def main(argv=None) -> dict:
         return text_encoder(sequence_length, len(classes))
 
     compiled = dict(loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-    common = dict(validation_data=recipes.validation_data(cluster, (x_test, y_test)), seed=0, verbose=2,
+    common = dict(validation_data=(x_test, y_test), seed=0, verbose=2,
                   **compiled, **recipes.fit_options(args))
     trained = kerasfast.fit(build_model, str(train_folder), epochs=args.epochs, learning_rate=args.learning_rate,
                             run_dir=out / "train", **common)

@@ -116,6 +116,15 @@ def test_multi_worker_training_from_tfrecords_shards_files_between_workers(tmp_p
     assert chief["weights"] == other["weights"]
 
 
+def test_workers_with_different_plans_refuse_before_training():
+    command = [sys.executable, "-m", "kerasfast.cli", "launch", "-n", "2", "--", sys.executable,
+               str(ROOT / "tests" / "workers" / "mismatched_plans.py")]
+    done = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=300)
+    assert done.returncode == 3, done.stdout[-3000:]
+    assert "refused: the workers resolved different plans" in done.stdout
+    assert "trained" not in done.stdout.replace("untrained", "")
+
+
 def test_tf_config_is_read_like_cluster_schedulers_write_it():
     env = {"TF_CONFIG": tf_config(["127.0.0.1:1111", "127.0.0.1:2222"], 1)}
     cluster = cluster_from_env(env)

@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from kerasfast import costs, threads
 from kerasfast.distribute import DistributedSteps, keras_compat, resolve_strategy
+from kerasfast.distribute.consensus import check_same_plan, chief_value
 from kerasfast.distribute.failures import lost_peer_errors
 from kerasfast.errors import DataError, ModelError, PlanError
 from kerasfast.hardware import detect_hardware
@@ -322,7 +323,8 @@ def fit(
         current_inter_op_threads=current_inter,
         op_determinism=_op_determinism(),
         user_batch_callbacks=_batch_callbacks(callbacks),
-        peak_flops=costs.measure_peak_flops(COMPUTE_DTYPES[policy]),
+        # A timing differs between workers; the chief's keeps their plans equal.
+        peak_flops=chief_value(distribution, costs.measure_peak_flops(COMPUTE_DTYPES[policy])),
     )
     plan = resolve_plan(
         hardware, model=model_facts, data=train_data.facts, run=run_facts,
@@ -335,6 +337,7 @@ def fit(
         strategy_reason=distribution.reason,
         whole_updates_per_execution=bool(train_data.facts.steps_per_epoch or steps_per_epoch),
     )
+    check_same_plan(distribution, plan)
     pruning_config = None
     if prune is not None:
         from kerasfast.compress import pruning_for_run
@@ -350,109 +353,111 @@ def fit(
         print(plan)
         print(f"  data: {train_data.description}; model: {prepared.how}")
 
-    folder = None
-    if run_dir is not False:
-        if distribution.is_chief:
-            folder = pathlib.Path(run_dir) if run_dir is not None else new_run_dir(DEFAULT_ROOT)
-        else:
-            folder = pathlib.Path(tempfile.mkdtemp(prefix=f"kerasfast-worker{distribution.cluster.index}-"))
-        folder.mkdir(parents=True, exist_ok=True)
-        write_json(folder / "plan.json", {**plan.to_dict(), "hardware": hardware.to_dict()})
+    with contextlib.ExitStack() as cleanup:
+        folder = None
+        if run_dir is not False:
+            if distribution.is_chief:
+                folder = pathlib.Path(run_dir) if run_dir is not None else new_run_dir(DEFAULT_ROOT)
+            else:
+                folder = pathlib.Path(tempfile.mkdtemp(prefix=f"kerasfast-worker{distribution.cluster.index}-"))
+                # Removed when fit ends, whether it succeeds or fails.
+                cleanup.callback(shutil.rmtree, folder, ignore_errors=True)
+            folder.mkdir(parents=True, exist_ok=True)
+            write_json(folder / "plan.json", {**plan.to_dict(), "hardware": hardware.to_dict()})
 
-    compile_kwargs = {k: settings[k] for k in ("loss_weights", "weighted_metrics") if settings.get(k) is not None}
+        compile_kwargs = {k: settings[k] for k in ("loss_weights", "weighted_metrics") if settings.get(k) is not None}
 
-    def scope():
-        return tf_strategy.scope() if tf_strategy is not None else contextlib.nullcontext()
+        def scope():
+            return tf_strategy.scope() if tf_strategy is not None else contextlib.nullcontext()
 
-    with scope(), build_scope(plan.precision):
-        # Optimizer variables and metrics are created under the same policy
-        # (and strategy) as the model's.
-        train_model.compile(
-            # kerasfast's steps accumulate gradients themselves (Keras's
-            # optimizer accumulation fails under tf.distribute).
-            optimizer=optimizers.build_optimizer(plan, template, accumulate=False),
-            loss=user_loss,
-            metrics=user_metrics,
-            jit_compile=plan.jit_compile if tf_strategy is None else False,
-            steps_per_execution=plan.steps_per_execution,
-            **compile_kwargs,
-        )
-        pruned_layers = None
+        with scope(), build_scope(plan.precision):
+            # Optimizer variables and metrics are created under the same policy
+            # (and strategy) as the model's.
+            train_model.compile(
+                # kerasfast's steps accumulate gradients themselves (Keras's
+                # optimizer accumulation fails under tf.distribute).
+                optimizer=optimizers.build_optimizer(plan, template, accumulate=False),
+                loss=user_loss,
+                metrics=user_metrics,
+                jit_compile=plan.jit_compile if tf_strategy is None else False,
+                steps_per_execution=plan.steps_per_execution,
+                **compile_kwargs,
+            )
+            pruned_layers = None
+            if pruning_config is not None:
+                from kerasfast.compress import apply_pruning
+
+                pruned_layers = apply_pruning(train_model, pruning_config)
+            keras_compat.build_state(train_model, train_data.sample_batch)
+            metric_values = None
+            if progress is not None:
+                progress, metric_values = backup.restore(train_model, plan)
+                if verbose != 0 and distribution.is_chief:
+                    print(f"kerasfast: resuming from {backup.path} at epoch {progress.epoch + 1}, step {progress.step}")
+            steps = DistributedSteps.prepare(
+                train_model, tf_strategy or tf.distribute.get_strategy(), plan,
+                progress.batches_done(plan.steps_per_epoch) if progress and plan.steps_per_epoch else 0)
+        meter = ThroughputMeter(samples_counter(plan.global_batch_size, train_data.facts.num_samples),
+                                plan.steps_per_epoch, first_step=progress.step if progress else 0,
+                                input_wait_seconds=steps.input_wait_seconds)
+        with scope(), lost_peer_errors(distribution):
+            if train_data.source == "tfrecords" and distribution.name == "multi_worker":
+                stream_from = sharded_tfrecord_stream(os.fspath(data), tf_strategy, global_batch_size=plan.global_batch_size,
+                                                      shuffle=shuffle, seed=seed)
+            else:
+                stream_from = stream_factory(train_data.dataset, repeat=bool(plan.steps_per_epoch))
+            history = run_epochs(
+                train_model, stream_from, plan=plan, epochs=epochs, callbacks=callbacks + [meter],
+                verbose=verbose if distribution.is_chief else 0,
+                validation_data=val_data.dataset if val_data is not None else None,
+                backup=backup, backup_every=backup_every, progress=progress, metric_values=metric_values, seed=seed,
+            )
+        if backup is not None:
+            backup.clear()
+        pruning_summary = None
         if pruning_config is not None:
-            from kerasfast.compress import apply_pruning
+            from kerasfast.compress import finalize_pruning
 
-            pruned_layers = apply_pruning(train_model, pruning_config)
-        keras_compat.build_state(train_model, train_data.sample_batch)
-        metric_values = None
-        if progress is not None:
-            progress, metric_values = backup.restore(train_model, plan)
-            if verbose != 0 and distribution.is_chief:
-                print(f"kerasfast: resuming from {backup.path} at epoch {progress.epoch + 1}, step {progress.step}")
-        steps = DistributedSteps.prepare(
-            train_model, tf_strategy or tf.distribute.get_strategy(), plan,
-            progress.batches_done(plan.steps_per_epoch) if progress and plan.steps_per_epoch else 0)
-    meter = ThroughputMeter(samples_counter(plan.global_batch_size, train_data.facts.num_samples),
-                            plan.steps_per_epoch, first_step=progress.step if progress else 0,
-                            input_wait_seconds=steps.input_wait_seconds)
-    with scope(), lost_peer_errors(distribution):
-        if train_data.source == "tfrecords" and distribution.name == "multi_worker":
-            stream_from = sharded_tfrecord_stream(os.fspath(data), tf_strategy, global_batch_size=plan.global_batch_size,
-                                                  shuffle=shuffle, seed=seed)
-        else:
-            stream_from = stream_factory(train_data.dataset, repeat=bool(plan.steps_per_epoch))
-        history = run_epochs(
-            train_model, stream_from, plan=plan, epochs=epochs, callbacks=callbacks + [meter],
-            verbose=verbose if distribution.is_chief else 0,
-            validation_data=val_data.dataset if val_data is not None else None,
-            backup=backup, backup_every=backup_every, progress=progress, metric_values=metric_values, seed=seed,
+            with scope():
+                pruning_summary = finalize_pruning(train_model)
+            dense = [row for row in pruned_layers if not row["pruned"]]
+            pruning_summary = pruning_summary + dense
+        if prepared.rebuilt:
+            user_model = prepared.user_model
+            copy_weights(train_model, user_model)
+            if not user_model.compiled:
+                # So that the user's model evaluates and predicts like the
+                # trained copy, with a fresh optimizer of its own.
+                user_model.compile(optimizer=optimizers.build_optimizer(
+                    dataclasses.replace(plan, precision="float32"), template),
+                    loss=user_loss, metrics=user_metrics, **compile_kwargs)
+        result = FitResult(
+            history=history,
+            plan=plan,
+            throughput=meter.result(),
+            model=prepared.user_model if prepared.user_model is not None else train_model,
+            train_model=train_model,
+            run_dir=folder,
+            data=train_data.description,
+            model_preparation=prepared.how,
+            pruning=pruning_summary,
+            input_report=input_advice(meter.result().input_wait_fraction, train_data.source),
         )
-    if backup is not None:
-        backup.clear()
-    pruning_summary = None
-    if pruning_config is not None:
-        from kerasfast.compress import finalize_pruning
-
-        with scope():
-            pruning_summary = finalize_pruning(train_model)
-        dense = [row for row in pruned_layers if not row["pruned"]]
-        pruning_summary = pruning_summary + dense
-    if prepared.rebuilt:
-        user_model = prepared.user_model
-        copy_weights(train_model, user_model)
-        if not user_model.compiled:
-            # So that the user's model evaluates and predicts like the
-            # trained copy, with a fresh optimizer of its own.
-            user_model.compile(optimizer=optimizers.build_optimizer(
-                dataclasses.replace(plan, precision="float32"), template),
-                loss=user_loss, metrics=user_metrics, **compile_kwargs)
-    result = FitResult(
-        history=history,
-        plan=plan,
-        throughput=meter.result(),
-        model=prepared.user_model if prepared.user_model is not None else train_model,
-        train_model=train_model,
-        run_dir=folder,
-        data=train_data.description,
-        model_preparation=prepared.how,
-        pruning=pruning_summary,
-        input_report=input_advice(meter.result().input_wait_fraction, train_data.source),
-    )
-    if folder is not None:
-        write_json(folder / "history.json", history.history)
-        write_json(folder / "result.json", result.summary())
-        if pruning_summary is not None:
-            write_json(folder / "pruning.json", pruning_summary)
-        if save_model_file:
-            save_model(train_model, folder / "model.keras")
-        if not distribution.is_chief:
-            shutil.rmtree(folder, ignore_errors=True)
-            result.run_dir = None
-    if verbose != 0 and distribution.is_chief:
-        print(f"kerasfast: {result.input_report}")
-        if result.throughput.samples_per_second:
-            print(f"kerasfast: {result.throughput.samples_per_second:,.0f} samples/s, "
-                  f"{result.throughput.steps_per_second:,.1f} steps/s after the first execution "
-                  f"({result.throughput.first_execution_s:.1f} s incl. compilation)")
-        else:
-            print("kerasfast: run too short to measure throughput (only the first, compiling execution ran)")
-    return result
+        if folder is not None:
+            write_json(folder / "history.json", history.history)
+            write_json(folder / "result.json", result.summary())
+            if pruning_summary is not None:
+                write_json(folder / "pruning.json", pruning_summary)
+            if save_model_file:
+                save_model(train_model, folder / "model.keras")
+            if not distribution.is_chief:
+                result.run_dir = None
+        if verbose != 0 and distribution.is_chief:
+            print(f"kerasfast: {result.input_report}")
+            if result.throughput.samples_per_second:
+                print(f"kerasfast: {result.throughput.samples_per_second:,.0f} samples/s, "
+                      f"{result.throughput.steps_per_second:,.1f} steps/s after the first execution "
+                      f"({result.throughput.first_execution_s:.1f} s incl. compilation)")
+            else:
+                print("kerasfast: run too short to measure throughput (only the first, compiling execution ran)")
+        return result
