@@ -125,6 +125,17 @@ def test_workers_with_different_plans_refuse_before_training():
     assert "trained" not in done.stdout.replace("untrained", "")
 
 
+def test_pruning_under_multi_worker_gives_identical_exact_masks(tmp_path):
+    config = {"name": "pruned", "precision": "float32", "batch_size": 32, "epochs": 2, "prune": 0.5}
+    chief, other = run_worker(tmp_path, "multi_worker", [config])
+    assert "refused" not in chief["pruned"], chief
+    for a, b in zip(weights(tmp_path, "pruned", 0), weights(tmp_path, "pruned", 1)):
+        np.testing.assert_array_equal(a, b)
+    kernels = [w for w in weights(tmp_path, "pruned", 0) if w.ndim == 2]
+    for kernel in kernels:  # exactly half of every Dense kernel is zero
+        assert int(np.sum(kernel == 0)) == round(0.5 * kernel.size)
+
+
 def test_tf_config_is_read_like_cluster_schedulers_write_it():
     env = {"TF_CONFIG": tf_config(["127.0.0.1:1111", "127.0.0.1:2222"], 1)}
     cluster = cluster_from_env(env)

@@ -209,3 +209,14 @@ def test_plan_is_printed_unless_silent(digits, capsys):
     assert "kerasfast plan" in printed and "precision" in printed and "samples/s" in printed
     kerasfast.fit(small_convnet(), (x[:256], y[:256]), **FIT)
     assert "kerasfast plan" not in capsys.readouterr().out
+
+
+def test_linear_learning_rate_scaling_is_opt_in_and_reported():
+    plain = resolve_plan(CPU_BF16, data=DataFacts(num_samples=640), batch_size=64, learning_rate=0.01, num_replicas=2)
+    assert plain.learning_rate == pytest.approx(0.01) and plain.per_replica_batch_size == 32
+    scaled = resolve_plan(CPU_BF16, data=DataFacts(num_samples=640), batch_size=64, learning_rate=0.01,
+                          num_replicas=2, scale_lr=True)
+    assert scaled.learning_rate == pytest.approx(0.02)
+    assert "linear scaling" in scaled.reasons["learning_rate"] and "learning_rate" in scaled.overridden
+    with pytest.raises(PlanError, match="does not divide over 2 replicas"):
+        resolve_plan(CPU_BF16, batch_size=33, num_replicas=2)
