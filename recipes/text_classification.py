@@ -269,15 +269,8 @@ def main(argv=None) -> dict:
 
     rates = {}
     if args.export and cluster.is_chief:
-        exported = kerasfast.export.export_model(
-            model, out / "export", formats=("keras", "tflite_float32", "tflite_int8"),
-            representative_data=x_train[:300], eval_data=(x_test, y_test))
-        print(exported.table())
-        metrics["export"] = [row.to_dict() for row in exported.rows]
-        int8 = next(row for row in exported.rows if row.format == "tflite_int8")
-        metrics["tflite_int8_accuracy"] = int8.accuracy
-        if int8.latency_ms:
-            rates["LiteRT int8\n(batch 1)"] = 1000.0 / int8.latency_ms
+        rates = recipes.export_and_report(model, out / "export", representative_data=x_train[:300],
+                                          eval_data=(x_test, y_test), metrics=metrics)
 
     if cluster.is_chief:
         metrics = recipes.finish(out, trained, metrics, rates=rates)
