@@ -102,7 +102,7 @@ def with_kerasfast(work: Workload):
 def model_flops_utilisation(work: Workload, result) -> dict:
     """Achieved training FLOP/s over the measured peak in the plan's compute dtype."""
     model = result.train_model
-    dtype = {"float32": "float32", "mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}[result.plan.precision]
+    dtype = keras.DTypePolicy(result.plan.precision).compute_dtype
     forward = costs.forward_flops_per_sample(model, tuple(work.x.shape[1:]), tf.as_dtype(work.x.dtype))
     peak = costs.measure_peak_flops(dtype, size=2048, repeats=5)
     achieved = costs.TRAIN_STEP_FLOPS_PER_FORWARD * forward * result.throughput.samples_per_second

@@ -57,7 +57,6 @@ from kerasfast import costs, recipes
 from kerasfast.plan import resolve_precision
 
 VOCAB_SIZE = 256  # byte-level tokens
-COMPUTE_DTYPES = {"float32": "float32", "mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}
 # Defaults sized for a 2-core CPU; `--smoke` shrinks everything further.
 DEFAULTS = dict(seq_len=128, layers=4, d_model=128, heads=4, corpus_mb=1.5, sample_bytes=200)
 SMOKE = dict(seq_len=64, layers=2, d_model=64, heads=2, corpus_mb=0.25, sample_bytes=64)
@@ -313,7 +312,7 @@ def main(argv=None) -> dict:
     # dtype the plan will pick, timed now and again after training (the best
     # counts: on a shared machine other jobs can only make it lower).
     precision, _ = resolve_precision(kerasfast.detect_hardware(), args.precision)
-    peak_before = _peak_flops(COMPUTE_DTYPES[precision]) if cluster.is_chief else 0.0
+    peak_before = _peak_flops(keras.DTypePolicy(precision).compute_dtype) if cluster.is_chief else 0.0
 
     # 1. The corpus: byte sequences, written as TFRecords (into the run folder
     #    by the chief, into a temporary folder by other workers).
@@ -361,7 +360,7 @@ def main(argv=None) -> dict:
     profiled = costs.forward_flops_per_sample(model, (seq_len,), "int32")
     profiled_train = profiled * costs.TRAIN_STEP_FLOPS_PER_FORWARD if profiled else None
     analytic_train = analytic_train_flops_per_sequence(model, seq_len, layers, d_model)
-    compute_dtype = COMPUTE_DTYPES[result.plan.precision]
+    compute_dtype = keras.DTypePolicy(result.plan.precision).compute_dtype
     if result.plan.precision != precision:
         peak_before = 0.0
     peak = max(peak_before, _peak_flops(compute_dtype)) * result.plan.num_replicas

@@ -35,7 +35,6 @@ from kerasfast.training.backup import DEFAULT_EVERY_STEPS, Backup
 from kerasfast.training.loop import run_epochs, stream_factory
 from kerasfast.training.throughput import Throughput, ThroughputMeter, input_advice, samples_counter
 
-COMPUTE_DTYPES = {"float32": "float32", "mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}
 
 
 @dataclasses.dataclass
@@ -324,7 +323,7 @@ def fit(
         op_determinism=_op_determinism(),
         user_batch_callbacks=_batch_callbacks(callbacks),
         # A timing differs between workers; the chief's keeps their plans equal.
-        peak_flops=chief_value(distribution, costs.measure_peak_flops(COMPUTE_DTYPES[policy])),
+        peak_flops=chief_value(distribution, costs.measure_peak_flops(keras.DTypePolicy(policy).compute_dtype)),
     )
     plan = resolve_plan(
         hardware, model=model_facts, data=train_data.facts, run=run_facts,
