@@ -30,6 +30,7 @@ import tensorflow as tf
 
 import kerasfast
 from kerasfast import costs, datasets
+from kerasfast.plan import compute_dtype
 from kerasfast.recipes import load_recipe
 from kerasfast.training.throughput import ThroughputMeter, samples_counter
 
@@ -102,7 +103,7 @@ def with_kerasfast(work: Workload):
 def model_flops_utilisation(work: Workload, result) -> dict:
     """Achieved training FLOP/s over the measured peak in the plan's compute dtype."""
     model = result.train_model
-    dtype = keras.DTypePolicy(result.plan.precision).compute_dtype
+    dtype = compute_dtype(result.plan.precision)
     forward = costs.forward_flops_per_sample(model, tuple(work.x.shape[1:]), tf.as_dtype(work.x.dtype))
     peak = costs.measure_peak_flops(dtype, size=2048, repeats=5)
     achieved = costs.TRAIN_STEP_FLOPS_PER_FORWARD * forward * result.throughput.samples_per_second

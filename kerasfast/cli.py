@@ -15,6 +15,8 @@ import sys
 
 import click
 
+from kerasfast.plan import PRECISIONS
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="kerasfast")
@@ -74,7 +76,7 @@ def info(as_json):
 @click.option("--epochs", default=15, show_default=True, help="Training epochs.")
 @click.option("--batch-size", default=64, show_default=True, help="Global batch size.")
 @click.option("--precision", default="auto", show_default=True,
-              type=click.Choice(["auto", "float32", "mixed_float16", "mixed_bfloat16"]))
+              type=click.Choice(["auto", *PRECISIONS]))
 def quickstart(out_dir, epochs, batch_size, precision):
     """Train a small convnet on scikit-learn's digits with the auto plan."""
     from kerasfast.errors import KerasfastError

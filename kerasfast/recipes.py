@@ -30,6 +30,7 @@ import tempfile
 
 import click
 
+from kerasfast.plan import PRECISIONS
 from kerasfast.runs import write_json
 
 RECIPES = ("image_classification", "gpt", "text_classification", "tabular")
@@ -47,7 +48,7 @@ def parser(description: str, *, epochs: int, batch_size: int, out: str | None = 
     parser.add_argument("--epochs", type=int, default=epochs)
     parser.add_argument("--batch-size", type=int, default=batch_size)
     parser.add_argument("--precision", default="auto",
-                        choices=["auto", "float32", "mixed_float16", "mixed_bfloat16"])
+                        choices=["auto", *PRECISIONS])
     parser.add_argument("--strategy", default="auto", choices=["auto", "none", "mirrored", "multi_worker"])
     parser.add_argument("--jit", default="auto", choices=["auto", "on", "off"], help="XLA compilation")
     parser.add_argument("--prune", type=float, default=0.0, metavar="SPARSITY",

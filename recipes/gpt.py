@@ -54,7 +54,7 @@ from keras import ops
 
 import kerasfast
 from kerasfast import costs, recipes
-from kerasfast.plan import resolve_precision
+from kerasfast.plan import compute_dtype, resolve_precision
 
 VOCAB_SIZE = 256  # byte-level tokens
 # Defaults sized for a 2-core CPU; `--smoke` shrinks everything further.
@@ -312,7 +312,7 @@ def main(argv=None) -> dict:
     # dtype the plan will pick, timed now and again after training (the best
     # counts: on a shared machine other jobs can only make it lower).
     precision, _ = resolve_precision(kerasfast.detect_hardware(), args.precision)
-    peak_before = _peak_flops(keras.DTypePolicy(precision).compute_dtype) if cluster.is_chief else 0.0
+    peak_before = _peak_flops(compute_dtype(precision)) if cluster.is_chief else 0.0
 
     # 1. The corpus: byte sequences, written as TFRecords (into the run folder
     #    by the chief, into a temporary folder by other workers).
@@ -360,10 +360,9 @@ def main(argv=None) -> dict:
     profiled = costs.forward_flops_per_sample(model, (seq_len,), "int32")
     profiled_train = profiled * costs.TRAIN_STEP_FLOPS_PER_FORWARD if profiled else None
     analytic_train = analytic_train_flops_per_sequence(model, seq_len, layers, d_model)
-    compute_dtype = keras.DTypePolicy(result.plan.precision).compute_dtype
-    if result.plan.precision != precision:
+    if compute_dtype(result.plan.precision) != compute_dtype(precision):
         peak_before = 0.0
-    peak = max(peak_before, _peak_flops(compute_dtype)) * result.plan.num_replicas
+    peak = max(peak_before, _peak_flops(compute_dtype(result.plan.precision))) * result.plan.num_replicas
     sequences_per_s = result.throughput.samples_per_second
     achieved = sequences_per_s * (profiled_train or analytic_train) if sequences_per_s else None
     metrics.update({
@@ -375,7 +374,7 @@ def main(argv=None) -> dict:
         "train_flops_per_sequence_analytic": analytic_train,
         "achieved_flops_per_s": achieved,
         "peak_flops_per_s": peak,
-        "peak_flops_source": (f"measured here: best of 6 timed {compute_dtype} 2048x2048 matmuls before and after "
+        "peak_flops_source": (f"measured here: best of 6 timed {compute_dtype(result.plan.precision)} 2048x2048 matmuls before and after "
                               f"training (kerasfast.costs.measure_peak_flops) x {result.plan.num_replicas} "
                               f"replica(s)"),
         "mfu": achieved / peak if achieved else None,

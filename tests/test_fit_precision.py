@@ -87,8 +87,68 @@ def test_auto_precision_on_this_machine(digits):
     hardware = kerasfast.detect_hardware()
     result, _, _, _ = _train(digits, "auto")
     if hardware.accelerator == "cpu":
-        expected = "mixed_bfloat16" if hardware.cpu_has_bf16 else "float32"
-        assert result.plan.precision == expected
-        assert result.plan.precision != "mixed_float16"
+        expected = ("onednn_bfloat16", "float32") if hardware.cpu_has_bf16 else ("float32",)
+        assert result.plan.precision in expected
+    assert result.plan.precision != "mixed_float16"
     assert "precision" not in result.plan.overridden
     assert result.plan.reasons["precision"]
+
+
+NEEDS_BF16_CPU = pytest.mark.skipif(
+    not kerasfast.detect_hardware().cpu_has_bf16, reason="needs a CPU with AVX512_BF16 or AMX (bf16 matmuls)")
+
+# 1 + 2**-10 is exact in float32 but rounds to 1.0 in bfloat16 (8-bit mantissa).
+NOT_A_BFLOAT16 = 1 + 2**-10
+
+
+@NEEDS_BF16_CPU
+def test_onednn_bfloat16_rewrites_matmuls_and_convolutions_only_inside_its_block():
+    import tensorflow as tf
+
+    from kerasfast.training.precision import graph_precision
+
+    x = tf.constant([[NOT_A_BFLOAT16, 0.0]])
+
+    def matmul():
+        return float(tf.function(lambda: tf.matmul(x, tf.ones((2, 1))))()[0, 0])
+
+    def conv():
+        return float(tf.function(lambda: tf.nn.conv2d(tf.reshape(x, (1, 1, 2, 1)), tf.ones((1, 1, 1, 1)), 1,
+                                                      "SAME"))()[0, 0, 0, 0])
+
+    assert matmul() == NOT_A_BFLOAT16
+    with graph_precision("onednn_bfloat16"):
+        assert matmul() == 1.0
+        assert conv() == 1.0
+    assert matmul() == NOT_A_BFLOAT16  # later functions are float32 again
+
+
+@NEEDS_BF16_CPU
+def test_onednn_bfloat16_fit_runs_the_step_in_bfloat16_on_a_float32_model():
+    x = np.tile(np.array([[NOT_A_BFLOAT16, 0.0]], "float32"), (8, 1))
+    y = np.zeros((8, 1), "float32")
+
+    def build():
+        return keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")])
+
+    first_loss = {}
+    for precision in ("float32", "onednn_bfloat16"):
+        result = kerasfast.fit(build, (x, y), loss="mse", optimizer=keras.optimizers.SGD(1e-6), batch_size=8,
+                               epochs=1, precision=precision, run_dir=False, verbose=0)
+        first_loss[precision] = result.history.history["loss"][0]
+        assert all(layer.compute_dtype == "float32" for layer in result.train_model.layers)
+    assert first_loss["float32"] == pytest.approx(NOT_A_BFLOAT16**2, rel=1e-6)
+    assert first_loss["onednn_bfloat16"] == 1.0
+
+
+def test_onednn_bfloat16_trains_like_float32(digits, float32_run):
+    result, user_model, loss, accuracy = _train(digits, "onednn_bfloat16")
+    assert result.plan.precision == "onednn_bfloat16"
+    assert accuracy > 0.8
+    assert abs(loss - float32_run[2]) < LOSS_TOLERANCE
+    # Nothing to rebuild or copy back: the model itself is float32 and trained in place.
+    assert all(layer.compute_dtype == "float32" for layer in user_model.layers)
+    assert result.model is user_model
+    import tensorflow as tf
+
+    assert tf.config.optimizer.get_experimental_options().get("auto_mixed_precision_onednn_bfloat16", False) is False

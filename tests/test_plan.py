@@ -9,7 +9,8 @@ import pytest
 import kerasfast
 from kerasfast.errors import DataError, PlanError
 from kerasfast.hardware import GPU, Hardware
-from kerasfast.plan import DataFacts, ModelFacts, RunFacts, resolve_plan, resolve_precision
+from kerasfast.plan import (DataFacts, ModelFacts, RunFacts, compute_dtype, keras_policy, resolve_plan,
+                            resolve_precision)
 from tests.helpers import small_convnet
 
 CPU_BF16 = Hardware(cpu_cores=2, cpu_flags=("avx2", "avx512f", "avx512_bf16"))
@@ -20,8 +21,8 @@ FIT = dict(epochs=1, batch_size=64, run_dir=False, verbose=0, loss="sparse_categ
 @pytest.mark.parametrize(
     "hardware, expected",
     [
-        (CPU_BF16, "mixed_bfloat16"),
-        (Hardware(cpu_flags=("amx_bf16",)), "mixed_bfloat16"),
+        (CPU_BF16, "onednn_bfloat16"),
+        (Hardware(cpu_flags=("amx_bf16",)), "onednn_bfloat16"),
         (CPU_PLAIN, "float32"),
         (Hardware(gpus=(GPU("A100", (8, 0)),)), "mixed_bfloat16"),
         (Hardware(gpus=(GPU("H200", (9, 0)), GPU("H200", (9, 0)))), "mixed_bfloat16"),
@@ -35,6 +36,40 @@ def test_auto_precision_follows_the_hardware(hardware, expected):
     policy, reason = resolve_precision(hardware)
     assert policy == expected
     assert reason
+
+
+def test_a_bf16_cpu_keeps_steps_too_small_to_gain_in_float32():
+    assert resolve_precision(CPU_BF16, train_step_flops=2e7)[0] == "float32"
+    assert "MFLOP" in resolve_precision(CPU_BF16, train_step_flops=2e7)[1]
+    assert resolve_precision(CPU_BF16, train_step_flops=4e9)[0] == "onednn_bfloat16"
+    # The plan computes the step's FLOPs from the model facts and the per-replica batch.
+    tiny = resolve_plan(CPU_BF16, model=ModelFacts(forward_flops_per_sample=1_000), batch_size=32)
+    large = resolve_plan(CPU_BF16, model=ModelFacts(forward_flops_per_sample=10_000_000), batch_size=32)
+    assert (tiny.precision, large.precision) == ("float32", "onednn_bfloat16")
+
+
+def test_xla_on_a_bf16_cpu_uses_the_keras_policy_whatever_the_step_size():
+    # oneDNN's graph pass does not reach into XLA; the Keras policy must not
+    # depend on whether the step's FLOPs are known yet.
+    for flops in (None, 2e7, 4e9):
+        assert resolve_precision(CPU_BF16, train_step_flops=flops, jit_compile=True)[0] == "mixed_bfloat16"
+
+
+@pytest.mark.parametrize("hardware, options, message", [
+    (Hardware(gpus=(GPU("A100", (8, 0)),)), {}, "for CPUs"),
+    (CPU_BF16, {"jit_compile": True}, "does not apply inside XLA"),
+])
+def test_onednn_bfloat16_is_refused_where_it_cannot_work(hardware, options, message):
+    with pytest.raises(PlanError, match=message):
+        resolve_precision(hardware, "onednn_bfloat16", **options)
+
+
+def test_onednn_bfloat16_builds_a_float32_model_that_computes_in_bfloat16():
+    assert keras_policy("onednn_bfloat16") == "float32"
+    assert keras_policy("mixed_bfloat16") == "mixed_bfloat16"
+    assert compute_dtype("onednn_bfloat16") == "bfloat16"
+    assert compute_dtype("float32") == "float32"
+    assert "emulates" in resolve_precision(CPU_PLAIN, "onednn_bfloat16")[1]
 
 
 def test_auto_never_picks_float16_on_a_cpu():

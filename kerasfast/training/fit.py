@@ -26,11 +26,13 @@ from kerasfast.distribute.consensus import check_same_plan, chief_value
 from kerasfast.distribute.failures import lost_peer_errors
 from kerasfast.errors import DataError, ModelError, PlanError
 from kerasfast.hardware import detect_hardware
-from kerasfast.plan import DataFacts, ModelFacts, Plan, RunFacts, resolve_plan, resolve_precision
+from kerasfast.plan import (DataFacts, ModelFacts, Plan, RunFacts, compute_dtype, keras_policy, resolve_plan,
+                            resolve_precision)
 from kerasfast.runs import DEFAULT_ROOT, new_run_dir, save_model, write_json
 from kerasfast.training import optimizers
 from kerasfast.training.inputs import check_inputs_match, prepare_data, sharded_tfrecord_stream
 from kerasfast.training.models import PreparedModel, build_scope, copy_weights, prepare_model
+from kerasfast.training.precision import graph_precision
 from kerasfast.training.backup import DEFAULT_EVERY_STEPS, Backup
 from kerasfast.training.loop import run_epochs, stream_factory
 from kerasfast.training.throughput import Throughput, ThroughputMeter, input_advice, samples_counter
@@ -273,7 +275,9 @@ def fit(
         # to replay its order: both need a fixed seed.
         seed = 0 if distribution.name == "multi_worker" else int(np.random.default_rng().integers(2**31))
 
-    policy, _ = resolve_precision(hardware, precision)
+    # The model is built under this policy; the step's FLOPs only decide between
+    # precisions built alike (float32 and onednn_bfloat16).
+    policy = keras_policy(resolve_precision(hardware, precision, jit_compile=jit_compile)[0])
     train_data = prepare_data(data, batch_size=batch_size or 32, shuffle=shuffle, seed=seed, repeat=True)
     val_data = None
     if validation_data is not None:
@@ -322,20 +326,26 @@ def fit(
         current_inter_op_threads=current_inter,
         op_determinism=_op_determinism(),
         user_batch_callbacks=_batch_callbacks(callbacks),
-        # A timing differs between workers; the chief's keeps their plans equal.
-        peak_flops=chief_value(distribution, costs.measure_peak_flops(keras.DTypePolicy(policy).compute_dtype)),
     )
-    plan = resolve_plan(
-        hardware, model=model_facts, data=train_data.facts, run=run_facts,
-        precision=precision, jit_compile=jit_compile, steps_per_execution=steps_per_execution,
-        batch_size=batch_size, grad_accum_steps=grad_accum_steps, clipnorm=clipnorm, remat=remat,
-        learning_rate=learning_rate, lr_schedule=lr_schedule, warmup_steps=warmup_steps,
-        intra_op_threads=intra_op_threads, inter_op_threads=inter_op_threads,
-        steps_per_epoch=steps_per_epoch, scale_lr=scale_lr,
-        num_replicas=distribution.num_replicas, strategy_name=distribution.name,
-        strategy_reason=distribution.reason,
-        whole_updates_per_execution=bool(train_data.facts.steps_per_epoch or steps_per_epoch),
-    )
+
+    def plan_with(run: RunFacts) -> Plan:
+        return resolve_plan(
+            hardware, model=model_facts, data=train_data.facts, run=run,
+            precision=precision, jit_compile=jit_compile, steps_per_execution=steps_per_execution,
+            batch_size=batch_size, grad_accum_steps=grad_accum_steps, clipnorm=clipnorm, remat=remat,
+            learning_rate=learning_rate, lr_schedule=lr_schedule, warmup_steps=warmup_steps,
+            intra_op_threads=intra_op_threads, inter_op_threads=inter_op_threads,
+            steps_per_epoch=steps_per_epoch, scale_lr=scale_lr,
+            num_replicas=distribution.num_replicas, strategy_name=distribution.name,
+            strategy_reason=distribution.reason,
+            whole_updates_per_execution=bool(train_data.facts.steps_per_epoch or steps_per_epoch),
+        )
+
+    # The peak FLOP/s (which sizes steps per execution) is measured in the
+    # precision the plan picks; a timing differs between workers, so the
+    # chief's keeps their plans equal.
+    peak = costs.measure_peak_flops(compute_dtype(plan_with(run_facts).precision))
+    plan = plan_with(dataclasses.replace(run_facts, peak_flops=chief_value(distribution, peak)))
     check_same_plan(distribution, plan)
     pruning_config = None
     if prune is not None:
@@ -369,7 +379,9 @@ def fit(
         def scope():
             return tf_strategy.scope() if tf_strategy is not None else contextlib.nullcontext()
 
-        with scope(), build_scope(plan.precision):
+        # The train and test steps first run (and are optimised) in run_epochs.
+        cleanup.enter_context(graph_precision(plan.precision))
+        with scope(), build_scope(keras_policy(plan.precision)):
             # Optimizer variables and metrics are created under the same policy
             # (and strategy) as the model's.
             train_model.compile(
