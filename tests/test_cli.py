@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from kerasfast.plan import PRECISIONS
+
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
 
 
@@ -27,7 +29,7 @@ def test_info_json_is_machine_readable():
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["hardware"]["cpu_cores"] >= 1
-    assert report["plan"]["fields"]["precision"]["value"] in ("float32", "mixed_bfloat16", "mixed_float16")
+    assert report["plan"]["fields"]["precision"]["value"] in PRECISIONS
     from kerasfast.hardware import detect_hardware
 
     hardware = detect_hardware()

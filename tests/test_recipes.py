@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from kerasfast import datasets, recipes
+from kerasfast.plan import PRECISIONS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -33,7 +34,7 @@ def assert_run_folder(out: pathlib.Path, stages=("train",)):
 
     for stage in stages:
         plan = json.loads((out / stage / "plan.json").read_text())
-        assert plan["fields"]["precision"]["value"] in ("float32", "mixed_bfloat16", "mixed_float16")
+        assert plan["fields"]["precision"]["value"] in PRECISIONS
         assert json.loads((out / stage / "history.json").read_text())["loss"]
     for plot in ("curves.png", "throughput.png"):
         path = out / plot

@@ -7,10 +7,10 @@ strategy), so there is one code path to test. Under tf.distribute, Keras 3.15's 
 `merge_call` inside a `tf.cond`). These steps avoid all three by
 construction:
 
-- one execution is a fixed, unrolled sequence of micro-steps, with an
-  optimizer update after every `grad_accum_steps`-th; the data is repeated
-  and the epoch length made a multiple of the execution, so no step is
-  conditional;
+- one execution is a fixed sequence of micro-steps, with an optimizer
+  update after every `grad_accum_steps`-th, run as a fixed-length loop over
+  a block of micro-steps; the data is repeated and the epoch length made a
+  multiple of the execution, so no step is conditional;
 - gradients are accumulated in per-replica (sync-on-read) variables and
   applied by a separate `strategy.run`, so the cross-replica all-reduce
   never sits inside a conditional;
@@ -47,6 +47,22 @@ def _reduce_logs(strategy, logs):
     import tensorflow as tf
 
     return {name: strategy.reduce(tf.distribute.ReduceOp.MEAN, value, axis=None) for name, value in logs.items()}
+
+
+def _repeating_block(apply_after: tuple[bool, ...]) -> tuple[tuple[bool, ...], int]:
+    """Splits an execution's update pattern into `(block, repeats)`.
+
+    Example:
+
+    >>> _repeating_block((False, True, False, True))
+    ((False, True), 2)
+    >>> _repeating_block((True, False, True))  # not a repetition: one block
+    ((True, False, True), 1)
+    """
+    for length in range(1, len(apply_after) + 1):
+        if len(apply_after) % length == 0 and apply_after == apply_after[:length] * (len(apply_after) // length):
+            return apply_after[:length], len(apply_after) // length
+    return apply_after, 1
 
 
 class DistributedSteps:
@@ -179,28 +195,43 @@ class DistributedSteps:
 
     def _execution(self, apply_after: tuple[bool, ...]):
         """A compiled execution of `len(apply_after)` micro-steps, with an
-        optimizer update after each micro-step marked True."""
+        optimizer update after each micro-step marked True.
+
+        The micro-steps are one block (up to an update) repeated: all but the
+        last block run in a `tf.while_loop` of fixed length, the last one
+        after it, so the graph holds two blocks whatever the execution's
+        length (an unrolled execution of 29 steps took 30 s to compile).
+        A fixed-length loop around `strategy.run` is tf.distribute's own
+        custom-training-loop pattern; Keras's failure is the loop over
+        optionals, and a conditional update, which neither needs here.
+        """
         import tensorflow as tf
 
         strategy = self.strategy
-        if self.grad_accum_steps == 1:
-            replica_step = self._make_replica_train_step(self._compute_fn)
+        accumulating = self.grad_accum_steps > 1
+        step = (self._make_replica_micro_step if accumulating else self._make_replica_train_step)(self._compute_fn)
+        block, repeats = _repeating_block(apply_after)
 
-            def run(iterator):
-                logs = None
-                for _ in apply_after:
-                    logs = strategy.run(replica_step, args=(self._next_batch(iterator, logs),))
-                return _reduce_logs(strategy, logs)
-        else:
-            micro_step = self._make_replica_micro_step(self._compute_fn)
+        def run_block(iterator, after):
+            logs = None
+            for apply in block:
+                logs = strategy.run(step, args=(self._next_batch(iterator, logs if logs is not None else after),))
+                if apply and accumulating:
+                    strategy.run(self._replica_apply)
+            return logs
 
-            def run(iterator):
-                logs = None
-                for apply in apply_after:
-                    logs = strategy.run(micro_step, args=(self._next_batch(iterator, logs),))
-                    if apply:
-                        strategy.run(self._replica_apply)
-                return _reduce_logs(strategy, logs)
+        def run(iterator):
+            done = None
+            if repeats > 1:
+                def body(i, previous):
+                    logs = run_block(iterator, previous)
+                    # The next block's input timing starts when this block's results exist.
+                    with tf.control_dependencies(self._tensors(logs)):
+                        return i + 1, tf.identity(previous)
+
+                _, done = tf.while_loop(lambda i, _: i < repeats - 1, body, (tf.constant(0), tf.constant(0.0)),
+                                        parallel_iterations=1)
+            return _reduce_logs(strategy, run_block(iterator, done))
 
         return tf.function(run, reduce_retracing=True)
 
