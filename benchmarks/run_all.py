@@ -165,6 +165,8 @@ def main(argv=None):
     if not args.skip_tables:
         tables = ("\n## Quick check: `benchmarks/fit_vs_keras.py`\n\n"
                   + subprocess_tables("fit_vs_keras.py", ["--repeats", "2"])
+                  + "\n\n## GPT width: `benchmarks/gpt_width.py`\n\n"
+                  + subprocess_tables("gpt_width.py", ["--widths", "128", "256"] if args.quick else [])
                   + "\n\n## Input pipeline (`benchmarks/input_pipeline.py`)\n\n"
                   + subprocess_tables("input_pipeline.py", ["--records", "5000" if args.quick else "20000"])
                   + "\n\n## Compression (`benchmarks/compression.py`)\n\n"
