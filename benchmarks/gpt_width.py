@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))  # run as a script: `benchmarks` is a folder of th
 import keras  # noqa: E402
 
 import kerasfast  # noqa: E402
-from benchmarks.run_all import Workload, plain_keras, with_kerasfast  # noqa: E402
+from benchmarks.run_all import Workload, side_by_side  # noqa: E402
 from kerasfast.recipes import load_recipe  # noqa: E402
 
 SEQ_LEN, BATCH, EPOCHS = 128, 32, 2
@@ -45,14 +45,8 @@ def main(argv=None):
         work = Workload(f"GPT d_model {width}", lambda: gpt.build_gpt(seq_len=SEQ_LEN, d_model=width, heads=4),
                         x.astype("int32"), y.astype("int32"), BATCH, EPOCHS,
                         keras.losses.SparseCategoricalCrossentropy(from_logits=True), unit="tokens/s", scale=SEQ_LEN)
-        keras_best = fast_best = 0.0
-        for _ in range(args.repeats):
-            keras_best = max(keras_best, plain_keras(work))
-            rate, result = with_kerasfast(work)
-            fast_best = max(fast_best, rate)
+        keras_best, fast_best, result = side_by_side(work, args.repeats)
         rows.append((work, len(x) // BATCH, keras_best, fast_best, result.plan.precision))
-        print(f"{work.name}: keras {keras_best:,.0f} vs kerasfast {fast_best:,.0f} tokens/s "
-              f"= {fast_best / keras_best:.2f}x", flush=True)
     print()
     print("| model (4 layers, 128 tokens, batch 32) | steps/epoch | plain model.fit | kerasfast.fit | ratio | precision |")
     print("|---|---:|---:|---:|---:|---|")

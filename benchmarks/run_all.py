@@ -100,6 +100,21 @@ def with_kerasfast(work: Workload):
     return result.throughput.samples_per_second * work.scale, result
 
 
+def side_by_side(work: Workload, repeats: int):
+    """Alternates plain Keras and kerasfast `repeats` times; returns the best
+    rate of each and the kerasfast run that gave its best."""
+    keras_best = fast_best = 0.0
+    best_run = None
+    for _ in range(repeats):
+        keras_best = max(keras_best, plain_keras(work))
+        rate, run = with_kerasfast(work)
+        if rate >= fast_best:
+            fast_best, best_run = rate, run
+    print(f"{work.name}: keras {keras_best:,.0f} vs kerasfast {fast_best:,.0f} {work.unit} "
+          f"= {fast_best / keras_best:.2f}x", flush=True)
+    return keras_best, fast_best, best_run
+
+
 def model_flops_utilisation(work: Workload, result) -> dict:
     """Achieved training FLOP/s over the measured peak in the plan's compute dtype."""
     model = result.train_model
@@ -137,16 +152,8 @@ def main(argv=None):
     rows, mfu = [], None
     with tempfile.TemporaryDirectory() as workdir:
         for work in workloads(args.quick, pathlib.Path(workdir)):
-            keras_best = fast_best = 0.0
-            result = None
-            for _ in range(args.repeats):
-                keras_best = max(keras_best, plain_keras(work))
-                rate, run = with_kerasfast(work)
-                if rate >= fast_best:
-                    fast_best, result = rate, run
+            keras_best, fast_best, result = side_by_side(work, args.repeats)
             rows.append((work, keras_best, fast_best, result.plan))
-            print(f"{work.name}: keras {keras_best:,.0f} vs kerasfast {fast_best:,.0f} {work.unit} "
-                  f"= {fast_best / keras_best:.2f}x", flush=True)
             if work.unit == "tokens/s":
                 mfu = model_flops_utilisation(work, result)
     table = ["| workload | plain model.fit | kerasfast.fit | ratio | kerasfast plan |", "|---|---:|---:|---:|---|"]

@@ -59,7 +59,7 @@ def _repeating_block(apply_after: tuple[bool, ...]) -> tuple[tuple[bool, ...], i
     >>> _repeating_block((True, False, True))  # not a repetition: one block
     ((True, False, True), 1)
     """
-    for length in range(1, len(apply_after) + 1):
+    for length in range(1, len(apply_after)):
         if len(apply_after) % length == 0 and apply_after == apply_after[:length] * (len(apply_after) // length):
             return apply_after[:length], len(apply_after) // length
     return apply_after, 1
@@ -213,12 +213,11 @@ class DistributedSteps:
         block, repeats = _repeating_block(apply_after)
 
         def run_block(iterator, after):
-            logs = None
             for apply in block:
-                logs = strategy.run(step, args=(self._next_batch(iterator, logs if logs is not None else after),))
+                after = strategy.run(step, args=(self._next_batch(iterator, after),))
                 if apply and accumulating:
                     strategy.run(self._replica_apply)
-            return logs
+            return after  # the last micro-step's logs
 
         def run(iterator):
             done = None

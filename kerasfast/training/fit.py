@@ -26,8 +26,7 @@ from kerasfast.distribute.consensus import check_same_plan, chief_value
 from kerasfast.distribute.failures import lost_peer_errors
 from kerasfast.errors import DataError, ModelError, PlanError
 from kerasfast.hardware import detect_hardware
-from kerasfast.plan import (DataFacts, ModelFacts, Plan, RunFacts, compute_dtype, keras_policy, resolve_plan,
-                            resolve_precision)
+from kerasfast.plan import DataFacts, ModelFacts, Plan, RunFacts, compute_dtype, keras_policy, resolve_plan
 from kerasfast.runs import DEFAULT_ROOT, new_run_dir, save_model, write_json
 from kerasfast.training import optimizers
 from kerasfast.training.inputs import check_inputs_match, prepare_data, sharded_tfrecord_stream
@@ -277,7 +276,7 @@ def fit(
 
     # The model is built under this policy; the step's FLOPs only decide between
     # precisions built alike (float32 and onednn_bfloat16).
-    policy = keras_policy(resolve_precision(hardware, precision, jit_compile=jit_compile)[0])
+    policy = keras_policy(early.precision)
     train_data = prepare_data(data, batch_size=batch_size or 32, shuffle=shuffle, seed=seed, repeat=True)
     val_data = None
     if validation_data is not None:
