@@ -42,7 +42,7 @@ DEFAULT_BATCH_SIZE = 32
 DEFAULT_LEARNING_RATE = 1e-3
 WARMUP_FRACTION = 0.05
 FIELD_ORDER = (
-    "strategy", "num_replicas", "precision", "jit_compile", "steps_per_execution", "steps_per_epoch",
+    "strategy", "num_replicas", "train_step", "precision", "jit_compile", "steps_per_execution", "steps_per_epoch",
     "global_batch_size", "per_replica_batch_size", "grad_accum_steps",
     "effective_batch_size", "clipnorm", "remat", "optimizer", "learning_rate",
     "lr_schedule", "warmup_steps", "total_steps", "prune", "intra_op_threads",
@@ -78,6 +78,9 @@ class Plan:
         intra_op_threads: TensorFlow threads inside one op (0 = TF default).
         inter_op_threads: TensorFlow ops run at once (0 = TF default).
         prune: Target sparsity of magnitude pruning during the run, or None.
+        train_step: Whose train step runs: "kerasfast" (its own, with every
+            fast path), "yours" (the model overrides `train_step`) or "keras"
+            (`run_eagerly=True`: Keras's own functions, eagerly).
         reasons: Field name -> why that value was chosen.
         overridden: Field names the user set explicitly.
     """
@@ -104,6 +107,7 @@ class Plan:
     reasons: dict[str, str] = dataclasses.field(default_factory=dict)
     overridden: tuple[str, ...] = ()
     prune: float | None = None
+    train_step: str = "kerasfast"
 
     def to_dict(self) -> dict[str, Any]:
         """The plan as JSON-ready data: `{"fields": {name: {value, reason, source}}}`."""
@@ -149,12 +153,26 @@ class ModelFacts:
         user_optimizer: Class name of the optimizer the user gave (or compiled
             with), None when kerasfast picks it.
         user_learning_rate: The user optimizer's learning rate if constant.
+        custom_train_step: "Class.train_step" when the model overrides
+            `train_step` (kerasfast then runs it), else None.
+        compile_jit_compile: `jit_compile` as passed to the model's
+            `compile` ("auto" when not compiled or not set).
+        compile_steps_per_execution: `steps_per_execution` of the model's
+            `compile` (1 when not set).
+        run_eagerly: The model was compiled with `run_eagerly=True`.
+        loss_scaled: The model's optimizer already scales the loss
+            (a `LossScaleOptimizer`).
     """
 
     layers_without_jit: tuple[str, ...] = ()
     forward_flops_per_sample: int | None = None
     user_optimizer: str | None = None
     user_learning_rate: float | None = None
+    custom_train_step: str | None = None
+    compile_jit_compile: Any = "auto"
+    compile_steps_per_execution: int = 1
+    run_eagerly: bool = False
+    loss_scaled: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,6 +213,74 @@ class RunFacts:
     op_determinism: bool = False
     user_batch_callbacks: tuple[str, ...] = ()
     peak_flops: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Overrides:
+    """The user's overrides of automatic choices, listed once.
+
+    Each field's default means "not overridden: kerasfast chooses"; any other
+    value is the user's and is marked "(yours)" in the plan. `kerasfast.fit`
+    takes these as keyword arguments of the same names.
+
+    Example:
+
+    >>> Overrides(precision="float32", batch_size=64).user_set()
+    ('precision', 'global_batch_size')
+    """
+
+    precision: Any = "auto"
+    jit_compile: Any = "auto"
+    steps_per_execution: Any = "auto"
+    batch_size: Any = None
+    grad_accum_steps: Any = 1
+    clipnorm: Any = None
+    remat: Any = None
+    learning_rate: Any = None
+    lr_schedule: Any = "auto"
+    warmup_steps: Any = "auto"
+    intra_op_threads: Any = "auto"
+    inter_op_threads: Any = "auto"
+    steps_per_epoch: Any = None
+    scale_lr: Any = False
+
+    # Overrides named differently from the plan field they set.
+    PLAN_FIELDS = {"batch_size": "global_batch_size"}
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(field.name for field in dataclasses.fields(cls))
+
+    @classmethod
+    def pick(cls, options: dict) -> "Overrides":
+        """The overrides among `options` (other keys are ignored)."""
+        return cls(**{name: options[name] for name in cls.names() if name in options})
+
+    @classmethod
+    def from_options(cls, options: dict, where: str = "kerasfast.fit") -> "Overrides":
+        """`Overrides(**options)`, refusing an unknown name with the closest known one.
+
+        Raises:
+            PlanError: For an option that is not an override.
+        """
+        unknown = [name for name in options if name not in cls.names()]
+        if unknown:
+            import difflib
+
+            hints = []
+            for name in unknown:
+                close = difflib.get_close_matches(name, cls.names(), n=1)
+                hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+            raise PlanError(f"{where} got unknown option(s) {', '.join(hints)}; see docs/fit.md for every option.")
+        return cls(**options)
+
+    def user_set(self) -> tuple[str, ...]:
+        """Plan fields the user set (scale_lr is reported on learning_rate)."""
+        chosen = []
+        for field in dataclasses.fields(self):
+            if field.name != "scale_lr" and getattr(self, field.name) != field.default:
+                chosen.append(self.PLAN_FIELDS.get(field.name, field.name))
+        return tuple(chosen)
 
 
 def _is_int(value) -> bool:
@@ -302,12 +388,57 @@ def resolve_precision(hardware: Hardware, requested: str = "auto", *, train_step
     )
 
 
-def _resolve_jit(requested, hardware, model: ModelFacts, run: RunFacts) -> tuple[bool, str]:
+def _resolve_train_step(model: ModelFacts, overrides: Overrides, strategy_name: str) -> tuple[str, str]:
+    """Whose train step runs, refusing the fast paths that need kerasfast's own."""
+    if model.run_eagerly:
+        if strategy_name != "none":
+            raise PlanError(
+                "your model is compiled with run_eagerly=True, which Keras cannot run under a tf.distribute "
+                "strategy: compile with run_eagerly=False, or pass strategy='none'."
+            )
+        needs_own = [name for name, value in (("grad_accum_steps", overrides.grad_accum_steps != 1),
+                                              ("jit_compile=True", overrides.jit_compile is True)) if value]
+        if needs_own:
+            raise PlanError(
+                f"{' and '.join(needs_own)} need(s) compiled steps, but your model is compiled with "
+                "run_eagerly=True: compile with run_eagerly=False (it is a debugging switch) or drop them."
+            )
+        return "keras", "Keras's own steps, eagerly: your compile(run_eagerly=True) (a debugging setting)"
+    if model.custom_train_step is None:
+        return "kerasfast", "kerasfast's own: one compiled loop of micro-steps per execution (every fast path)"
+    owner = model.custom_train_step
+    needs_own = {
+        "grad_accum_steps": (overrides.grad_accum_steps != 1,
+                             "accumulate inside your train_step, or drop grad_accum_steps="),
+        "clipnorm": (overrides.clipnorm is not None, "set clipnorm= on your optimizer(s) instead"),
+    }
+    for name, (requested, way_out) in needs_own.items():
+        if requested:
+            raise PlanError(
+                f"{name}= needs kerasfast's own train step, but {owner} overrides it (kerasfast runs your step "
+                f"as written): {way_out}."
+            )
+    return "yours", (
+        f"{owner}, run as written inside kerasfast's execution loop (precision, steps per execution, XLA off a "
+        "strategy and strategies still apply; accumulation and clipping are your step's to do)"
+    )
+
+
+def _resolve_jit(requested, hardware, model: ModelFacts, run: RunFacts, train_step: str = "kerasfast",
+                 strategy_name: str = "none") -> tuple[bool, str]:
     blockers = []
     if model.layers_without_jit:
         blockers.append(f"layer(s) {', '.join(model.layers_without_jit)} do not support XLA")
     if run.op_determinism:
         blockers.append("TF op determinism is enabled (XLA has no deterministic kernels for some ops)")
+    if train_step == "keras":
+        blockers.append("run_eagerly=True runs no compiled function")
+    if train_step == "yours" and strategy_name != "none":
+        # kerasfast compiles only the forward and backward pass under a
+        # strategy; a custom step holds its optimizer's all-reduce, which XLA
+        # cannot compile on these devices.
+        blockers.append("your train_step holds the optimizer's cross-replica update, which XLA cannot compile "
+                        "under a tf.distribute strategy")
     if requested == "auto":
         if blockers:
             return False, "off: " + "; ".join(blockers)
@@ -401,24 +532,11 @@ def resolve_plan(
     model: ModelFacts = ModelFacts(),
     data: DataFacts = DataFacts(),
     run: RunFacts = RunFacts(),
-    precision="auto",
-    jit_compile="auto",
-    steps_per_execution="auto",
-    batch_size=None,
-    grad_accum_steps=1,
-    clipnorm=None,
-    remat=None,
-    learning_rate=None,
-    lr_schedule="auto",
-    warmup_steps="auto",
-    intra_op_threads="auto",
-    inter_op_threads="auto",
-    steps_per_epoch=None,
-    scale_lr: bool = False,
+    overrides: Overrides | None = None,
     num_replicas: int = 1,
     strategy_name: str = "none",
     strategy_reason: str = "one device",
-    whole_updates_per_execution: bool = False,
+    **options,
 ) -> Plan:
     """Resolves every automatic choice of a run into a `Plan`.
 
@@ -427,18 +545,10 @@ def resolve_plan(
         model: Facts about the model (`ModelFacts`).
         data: Facts about the data (`DataFacts`).
         run: Facts about the process (`RunFacts`).
-        precision, jit_compile, steps_per_execution, batch_size,
-        grad_accum_steps, clipnorm, remat, learning_rate, lr_schedule,
-        warmup_steps, intra_op_threads, inter_op_threads: The user's
-            overrides, as accepted by `kerasfast.fit`; "auto"/None keep
-            kerasfast's choice.
-        steps_per_epoch: The user's steps per epoch, or None.
-        scale_lr: Multiply the learning rate by the number of replicas.
+        overrides: The user's overrides (`Overrides`); or pass them as
+            keyword arguments of the same names (precision=, batch_size=, ...).
         num_replicas, strategy_name, strategy_reason: The distribution set-up
             (`kerasfast.distribute`).
-        whole_updates_per_execution: kerasfast's own distributed steps run
-            whole executions over repeated data: the epoch becomes a
-            multiple of steps per execution.
 
     Returns:
         A frozen `Plan`.
@@ -453,25 +563,30 @@ def resolve_plan(
     >>> plan.global_batch_size
     64
     """
+    if overrides is None:
+        overrides = Overrides.from_options(options, "resolve_plan")
+    elif options:
+        raise PlanError(f"resolve_plan got both overrides= and option(s) {', '.join(options)}: pass one of them.")
+    precision, jit_compile = overrides.precision, overrides.jit_compile
+    steps_per_execution, batch_size = overrides.steps_per_execution, overrides.batch_size
+    grad_accum_steps, clipnorm, remat = overrides.grad_accum_steps, overrides.clipnorm, overrides.remat
+    learning_rate, lr_schedule, warmup_steps = overrides.learning_rate, overrides.lr_schedule, overrides.warmup_steps
+    intra_op_threads, inter_op_threads = overrides.intra_op_threads, overrides.inter_op_threads
+    steps_per_epoch, scale_lr = overrides.steps_per_epoch, overrides.scale_lr
     reasons: dict[str, str] = {}
-    overridden = []
+    overridden = [name for name in overrides.user_set() if name != "steps_per_epoch"]
 
-    def user_set(name, value, default):
-        if value != default:
-            overridden.append(name)
-
-    user_set("precision", precision, "auto")
-    user_set("jit_compile", jit_compile, "auto")
-    user_set("steps_per_execution", steps_per_execution, "auto")
-    user_set("global_batch_size", batch_size, None)
-    user_set("grad_accum_steps", grad_accum_steps, 1)
-    user_set("clipnorm", clipnorm, None)
-    user_set("remat", remat, None)
-    user_set("learning_rate", learning_rate, None)
-    user_set("lr_schedule", lr_schedule, "auto")
-    user_set("warmup_steps", warmup_steps, "auto")
-    user_set("intra_op_threads", intra_op_threads, "auto")
-    user_set("inter_op_threads", inter_op_threads, "auto")
+    train_step, reasons["train_step"] = _resolve_train_step(model, overrides, strategy_name)
+    # The model's own compile settings count as the user's choices.
+    # Keras's compile stores jit_compile="auto" already resolved (False on a
+    # CPU-only machine), so only a value auto would not give counts as the user's.
+    compile_jit = model.compile_jit_compile
+    if jit_compile == "auto" and (compile_jit is True or compile_jit is False and hardware.accelerator != "cpu"):
+        jit_compile = compile_jit
+        overridden.append("jit_compile")
+    if steps_per_execution == "auto" and model.compile_steps_per_execution != 1:
+        steps_per_execution = model.compile_steps_per_execution
+        overridden.append("steps_per_execution")
 
     reasons["strategy"] = strategy_reason
     reasons["num_replicas"] = f"{num_replicas} device(s) share each global batch"
@@ -490,7 +605,9 @@ def resolve_plan(
     else:
         raise PlanError(f"remat={remat!r} is not known: use None, True or 'activations'.")
 
-    chosen_jit, reasons["jit_compile"] = _resolve_jit(jit_compile, hardware, model, run)
+    chosen_jit, reasons["jit_compile"] = _resolve_jit(jit_compile, hardware, model, run, train_step, strategy_name)
+    if "jit_compile" in overridden and overrides.jit_compile == "auto" and reasons["jit_compile"] == "requested":
+        reasons["jit_compile"] = f"your compile(jit_compile={jit_compile})"
 
     if not _is_int(grad_accum_steps) or grad_accum_steps < 1:
         raise PlanError(
@@ -531,6 +648,18 @@ def resolve_plan(
         train_step_flops = TRAIN_STEP_FLOPS_PER_FORWARD * model.forward_flops_per_sample * per_replica
     chosen_precision, reasons["precision"] = resolve_precision(
         hardware, precision, train_step_flops=train_step_flops, jit_compile=jit_compile)
+    if chosen_precision == "mixed_float16" and train_step == "yours" and not model.loss_scaled:
+        if precision == "auto":
+            chosen_precision, reasons["precision"] = "float32", (
+                f"float32: {reasons['precision']}, but float16 needs loss scaling, which kerasfast cannot add to "
+                f"{model.custom_train_step} (wrap your optimizer in keras.optimizers.LossScaleOptimizer to allow it)"
+            )
+        else:
+            raise PlanError(
+                f"precision='mixed_float16' needs loss scaling, which kerasfast cannot add to "
+                f"{model.custom_train_step}: wrap your optimizer in keras.optimizers.LossScaleOptimizer and call "
+                "its scale_loss() in your step, or use precision='mixed_bfloat16' / 'float32'."
+            )
     effective = global_batch * grad_accum_steps
     reasons["effective_batch_size"] = f"{global_batch} x {grad_accum_steps} accumulated step(s) per update"
 
@@ -547,17 +676,14 @@ def resolve_plan(
             f"{steps_per_epoch}: one pass over the data" if steps_per_epoch else "until the data ends"
         )
     data = dataclasses.replace(data, steps_per_epoch=steps_per_epoch)
-    spe, reasons["steps_per_execution"] = _resolve_steps_per_execution(
-        steps_per_execution, data, model, run, per_replica
-    )
-    if whole_updates_per_execution:
-        if steps_per_epoch % spe:
-            rounded = math.ceil(steps_per_epoch / spe) * spe
-            reasons["steps_per_epoch"] = (
-                f"{rounded}: {steps_per_epoch} rounded up to a multiple of steps_per_execution ({spe}) so that "
-                "every execution runs whole steps over the repeated data"
-            )
-            steps_per_epoch = rounded
+    if train_step == "keras":
+        spe, reasons["steps_per_execution"] = 1, "1: run_eagerly=True runs one step at a time"
+    else:
+        spe, reasons["steps_per_execution"] = _resolve_steps_per_execution(
+            steps_per_execution, data, model, run, per_replica
+        )
+        if "steps_per_execution" in overridden and overrides.steps_per_execution == "auto":
+            reasons["steps_per_execution"] = f"your compile(steps_per_execution={spe})"
 
     if clipnorm is not None and (isinstance(clipnorm, bool) or not isinstance(clipnorm, (int, float)) or clipnorm <= 0):
         raise PlanError(f"clipnorm={clipnorm!r} is not valid: use a positive number or None.")
@@ -666,5 +792,6 @@ def resolve_plan(
         intra_op_threads=threads["intra_op_threads"],
         inter_op_threads=threads["inter_op_threads"],
         reasons=reasons,
-        overridden=tuple(overridden),
+        overridden=tuple(dict.fromkeys(overridden)),
+        train_step=train_step,
     )

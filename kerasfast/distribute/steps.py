@@ -22,8 +22,18 @@ Each micro-step also times how long it waits for its batch: two
 dependencies to the previous step's results and to the batch.
 `input_wait_seconds()` tells how input-bound training was.
 
+A model that overrides `train_step` / `test_step` has its own step run
+per micro-step instead (gradient accumulation and clipping are then its
+own business; the plan refuses them). Its first execution is a single
+micro-step, outside any loop, so that optimizers which build lazily on their
+first update create their variables where `tf.function` allows it.
+
+An epoch ends exactly where Keras's would: the last execution of an epoch
+runs only the steps left in it (a second, shorter trace).
+
 Keras's `fit` loop, callbacks, History and progress bar are kept: the steps
-are installed as the model's `train_function` / `test_function`.
+are installed as the model's `train_function` / `test_function` for the
+duration of `kerasfast.fit` (`kerasfast.training.session` removes them).
 """
 
 from __future__ import annotations
@@ -73,13 +83,26 @@ class DistributedSteps:
         strategy: The `tf.distribute.Strategy`.
         steps_per_execution: Train (micro-)steps per call.
         grad_accum_steps: Micro-steps whose gradients are averaged per update.
-        jit_compile: Compile the forward + backward pass with XLA.
+        jit_compile: Compile the forward + backward pass with XLA (the whole
+            step for a model's own `train_step`).
+        micro_steps_done: Train steps already run (a resumed run).
+        steps_per_epoch: Steps per epoch, when known: the last execution of
+            an epoch runs only the steps left in it.
+        optimizer: The optimizer that applies the gradients (default the
+            model's; a `LossScaleOptimizer` around it for float16).
+        own_train_step, own_test_step: Run the model's overridden
+            `train_step` / `test_step` instead of kerasfast's.
     """
 
     def __init__(self, model, strategy, *, steps_per_execution: int, grad_accum_steps: int, jit_compile: bool,
-                 micro_steps_done: int = 0):
+                 micro_steps_done: int = 0, steps_per_epoch: int | None = None, optimizer=None,
+                 own_train_step: bool = False, own_test_step: bool = False):
         self.model = model
         self.strategy = strategy
+        self.optimizer = optimizer if optimizer is not None else model.optimizer
+        self.steps_per_epoch = steps_per_epoch
+        self.own_train_step = own_train_step
+        self.own_test_step = own_test_step
         self.steps_per_execution = steps_per_execution
         self.grad_accum_steps = grad_accum_steps
         self.jit_compile = jit_compile
@@ -103,7 +126,7 @@ class DistributedSteps:
             # The loss is already divided by the number of replicas (Keras
             # scales it for distribution), so summed gradients are a mean.
             loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
-            scaled = model.optimizer.scale_loss(loss)
+            scaled = self.optimizer.scale_loss(loss)
         gradients = tape.gradient(scaled, model.trainable_variables)
         return loss, y_pred, gradients
 
@@ -118,18 +141,20 @@ class DistributedSteps:
     def _compute(self):
         import tensorflow as tf
 
-        compute = self._forward_backward
+        compute = self.model.train_step if self.own_train_step else self._forward_backward
         if self.jit_compile:
             compute = tf.function(compute, jit_compile=True, reduce_retracing=True)
         return compute
 
     def _make_replica_train_step(self, compute):
         model = self.model
+        if self.own_train_step:
+            return compute  # the model's own train_step (compiled when planned)
 
         def step(data):
             x, y, sample_weight = _unpack(data)
             loss, y_pred, gradients = compute(x, y, sample_weight)
-            model.optimizer.apply(gradients, model.trainable_variables)
+            self.optimizer.apply(gradients, model.trainable_variables)
             return self._track(x, y, y_pred, sample_weight, loss)
 
         return step
@@ -147,7 +172,7 @@ class DistributedSteps:
     def _replica_apply(self):
         model = self.model
         gradients = [accumulator / self.grad_accum_steps for accumulator in self._accumulators]
-        model.optimizer.apply(gradients, model.trainable_variables)
+        self.optimizer.apply(gradients, model.trainable_variables)
         for accumulator in self._accumulators:
             accumulator.assign(keras.ops.zeros_like(accumulator))
 
@@ -252,14 +277,25 @@ class DistributedSteps:
             self._input_wait = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="input_wait_seconds")
         executions = {}
 
-        def train(iterator):
+        def run(iterator, count: int):
             start = self.micro_steps
-            pattern = tuple((start + i + 1) % self.grad_accum_steps == 0 for i in range(self.steps_per_execution))
+            pattern = tuple((start + i + 1) % self.grad_accum_steps == 0 for i in range(count))
             if pattern not in executions:
                 executions[pattern] = self._execution(pattern)
             logs = executions[pattern](iterator)
-            self.micro_steps = start + self.steps_per_execution
+            self.micro_steps = start + count
             return logs
+
+        def train(iterator):
+            count = self.steps_per_execution
+            if self.steps_per_epoch:
+                count = min(count, self.steps_per_epoch - self.micro_steps % self.steps_per_epoch)
+            if self.own_train_step and not executions and count > 1:
+                # Lazily built optimizers create their variables in this
+                # first, loop-free execution.
+                run(iterator, 1)
+                count -= 1
+            return run(iterator, count)
 
         return train
 
@@ -276,6 +312,8 @@ class DistributedSteps:
             return self._track(x, y, y_pred, sample_weight, loss)
 
         steps = self.steps_per_execution
+        if self.own_test_step:
+            return self._own_test_function()
 
         # Keras hands the test function one chunk of `steps_per_execution`
         # batches; validation data may end inside a chunk, so each step is
@@ -301,18 +339,50 @@ class DistributedSteps:
 
         return test
 
+    def _own_test_function(self):
+        """The model's own `test_step`, one compiled call per batch.
+
+        Its logs are whatever the step returns (Keras then prefers the
+        metrics' results where the names match); a Python loop over the
+        chunk stops where the validation data ends.
+        """
+        import tensorflow as tf
+
+        model, strategy = self.model, self.strategy
+
+        @tf.function(reduce_retracing=True)
+        def one_step(data):
+            return _reduce_logs(strategy, strategy.run(model.test_step, args=(data,)))
+
+        def test(iterator):
+            logs = None
+            for _ in range(self.steps_per_execution):
+                optional = iterator.get_next_as_optional()
+                if not bool(optional.has_value()):
+                    break
+                logs = one_step(optional.get_value())
+            if logs is None:
+                raise StopIteration  # Keras's signal that the data has ended
+            return logs
+
+        return test
+
     @classmethod
-    def prepare(cls, model, strategy, plan, micro_steps_done: int = 0) -> "DistributedSteps":
+    def prepare(cls, model, strategy, plan, micro_steps_done: int = 0, *, optimizer=None,
+                own_test_step: bool = False) -> "DistributedSteps":
         """Installs the steps on a compiled model whose state was built under
         `strategy` (`keras_compat.build_state`).
 
         Args:
             micro_steps_done: Train steps already run (a resumed run).
+            optimizer: The optimizer to apply gradients with (default the
+                model's).
+            own_test_step: Run the model's overridden `test_step`.
         """
-        keras_compat.detach_from_creation_strategy(model)
         steps = cls(model, strategy, steps_per_execution=plan.steps_per_execution,
                     grad_accum_steps=plan.grad_accum_steps, jit_compile=plan.jit_compile,
-                    micro_steps_done=micro_steps_done)
+                    micro_steps_done=micro_steps_done, steps_per_epoch=plan.steps_per_epoch, optimizer=optimizer,
+                    own_train_step=plan.train_step == "yours", own_test_step=own_test_step)
         steps.install()
         return steps
 

@@ -1,10 +1,19 @@
-"""`kerasfast.fit`: train any Keras 3 model the fast way, from one call.
+"""`kerasfast.fit`: a drop-in for `model.fit` that trains the fast way.
 
-The call resolves a `Plan` once (hardware -> precision, XLA, batch sizes,
-steps per execution, accumulation, clipping, remat, schedule, threads),
-prints it, builds the model under the planned precision, trains it with
-Keras's own `fit`, measures throughput, copies the trained weights back into
-the user's model and leaves a run folder behind.
+`fit` is a short orchestrator over named phases, in the manner of Keras's
+own trainer:
+
+1. `_start`: hardware, the early plan (thread pools must be sized before
+   TensorFlow starts), the strategy, a backup to resume from, the seed;
+2. `prepare_data`: every data form Keras takes, as one batched stream;
+3. `prepare_model`: the user's model object (or a builder's), never
+   called directly when it brings its own `train_step`;
+4. `_plan_run`: the plan, resolved once from facts about model and data;
+5. `_compile_for_run`: the user's compile settings, kept (compiled only
+   when the model is not, or when fit is given loss / optimizer / metrics);
+6. `_train`: kerasfast's steps installed on the borrowed model
+   (`session.borrowed`) and Keras's own loop run over them;
+7. `_finish`: pruning folded in, weights carried back, the run folder.
 """
 
 from __future__ import annotations
@@ -26,12 +35,13 @@ from kerasfast.distribute.consensus import check_same_plan, chief_value
 from kerasfast.distribute.failures import lost_peer_errors
 from kerasfast.errors import DataError, ModelError, PlanError
 from kerasfast.hardware import detect_hardware
-from kerasfast.plan import DataFacts, ModelFacts, Plan, RunFacts, compute_dtype, keras_policy, resolve_plan
+from kerasfast.plan import ModelFacts, Overrides, Plan, RunFacts, compute_dtype, keras_policy, resolve_plan
 from kerasfast.runs import DEFAULT_ROOT, new_run_dir, save_model, write_json
 from kerasfast.training import optimizers
-from kerasfast.training.inputs import check_inputs_match, prepare_data, sharded_tfrecord_stream
-from kerasfast.training.models import PreparedModel, build_scope, copy_weights, prepare_model
+from kerasfast.training.inputs import check_inputs_match, prepare_data, sharded_tfrecord_stream, split_validation
+from kerasfast.training.models import PreparedModel, computing_in, copy_optimizer_state, copy_weights, prepare_model
 from kerasfast.training.precision import graph_precision
+from kerasfast.training.session import model_attributes_restored, optimizer_settings
 from kerasfast.training.backup import DEFAULT_EVERY_STEPS, Backup
 from kerasfast.training.loop import run_epochs, stream_factory
 from kerasfast.training.throughput import Throughput, ThroughputMeter, input_advice, samples_counter
@@ -49,12 +59,13 @@ class FitResult:
             execution time).
         model: The trained model: the user's own model object when one was
             passed, else the model the builder made.
-        train_model: The model that was compiled and trained: `model` itself,
-            or its copy rebuilt under the plan's precision.
+        train_model: The model that trained: `model` itself, or (only under
+            a strategy the model was not created in) its copy rebuilt in the
+            strategy's scope.
         run_dir: The run folder, or None when disabled.
         data: One line describing the training data.
-        model_preparation: One line saying whether the model was trained in
-            place or rebuilt under the plan's precision.
+        model_preparation: One line saying how the model was trained (in
+            place, built by your function, or rebuilt in a strategy's scope).
         pruning: Per-layer pruning summary (layer, shape, params, achieved
             sparsity; dense layers with the reason), or None.
         input_report: Whether training waited for its input, measured
@@ -84,18 +95,6 @@ class FitResult:
         }
 
 
-def _compile_settings(model) -> dict:
-    """The objects the user passed to `model.compile`, if any."""
-    if not isinstance(model, keras.Model) or not model.compiled:
-        return {}
-    # Keras keeps the original (unserialised) compile arguments here; the
-    # public get_compile_config() would lose custom, unregistered losses.
-    config = getattr(getattr(model, "_compile_config", None), "config", None)
-    if config is None:
-        return {"optimizer": model.optimizer, "loss": model.loss}
-    return dict(config)
-
-
 def _batch_callbacks(callbacks) -> tuple[str, ...]:
     """User callbacks (not Keras's own) that override a per-batch hook."""
     base = keras.callbacks.Callback
@@ -119,7 +118,8 @@ def _describe_pruning(config) -> str:
 
 
 def _jit_blockers(model) -> tuple[str, ...]:
-    return tuple(layer.name for layer in model._flatten_layers() if not getattr(layer, "supports_jit", True))
+    return tuple(layer.name for layer in keras_compat.flatten_layers(model, include_self=True)
+                 if not getattr(layer, "supports_jit", True))
 
 
 def _sample_shape(sample):
@@ -136,132 +136,54 @@ def _op_determinism() -> bool:
     return is_op_determinism_enabled()
 
 
-def fit(
-    model,
-    data,
-    *,
-    validation_data=None,
-    epochs: int = 1,
-    batch_size: int | None = None,
-    steps_per_epoch: int | None = None,
-    loss=None,
-    optimizer=None,
-    metrics=None,
-    callbacks=None,
-    verbose="auto",
-    shuffle: bool = True,
-    seed: int | None = None,
-    precision: str = "auto",
-    jit_compile="auto",
-    steps_per_execution="auto",
-    grad_accum_steps: int = 1,
-    clipnorm: float | None = None,
-    remat=None,
-    learning_rate: float | None = None,
-    lr_schedule: str = "auto",
-    warmup_steps="auto",
-    intra_op_threads="auto",
-    inter_op_threads="auto",
-    strategy="auto",
-    scale_lr: bool = False,
-    prune=None,
-    run_dir=None,
-    backup_dir=None,
-    backup_every: int = DEFAULT_EVERY_STEPS,
-    save_model_file: bool = True,
-) -> FitResult:
-    """Trains a Keras 3 model the fast way on the hardware found.
+def _check_run_arguments(epochs, initial_epoch, validation_freq, steps_per_epoch, validation_steps) -> None:
+    for name, value, low in (("epochs", epochs, 1), ("initial_epoch", initial_epoch, 0)):
+        if not plan_is_int(value) or value < low:
+            raise PlanError(f"{name}={value!r} is not valid: use an integer >= {low}.")
+    if initial_epoch >= epochs:
+        raise PlanError(
+            f"initial_epoch={initial_epoch} leaves nothing to train with epochs={epochs}: epochs is the index of "
+            "the last epoch (as in Keras), so pass epochs > initial_epoch."
+        )
+    for name, value in (("steps_per_epoch", steps_per_epoch), ("validation_steps", validation_steps)):
+        if value is not None and (not plan_is_int(value) or value < 1):
+            raise PlanError(f"{name}={value!r} is not valid: use an integer >= 1 or None.")
+    if not (plan_is_int(validation_freq) and validation_freq >= 1) and not (
+            isinstance(validation_freq, (list, tuple, set)) and all(plan_is_int(v) for v in validation_freq)):
+        raise PlanError(f"validation_freq={validation_freq!r} is not valid: use an integer >= 1 or a list of epochs.")
 
-    Every automatic decision is resolved once into a `Plan`, printed before
-    training (unless `verbose=0`) and saved as `plan.json` in the run
-    folder; each can be overridden by the argument of the same name.
 
-    Args:
-        model: A Keras model (Sequential, functional or subclassed; compiled
-            or not), or a zero-argument callable that builds one.
-        data: A batched `tf.data.Dataset` of `(x, y[, sample_weight])`,
-            `(x, y[, sample_weight])` NumPy arrays, or a TFRecord file,
-            folder or pattern written by `kerasfast.data.write_tfrecords`.
-        validation_data: Same forms as `data`.
-        epochs: Passes over the data.
-        batch_size: Global batch size for arrays / TFRecords (default 32).
-        steps_per_epoch: Steps per epoch, needed for infinite datasets.
-        loss, optimizer, metrics: As in `model.compile`; default to the
-            model's own compile settings. Without any optimizer kerasfast
-            uses AdamW with warm-up + cosine decay.
-        callbacks: Keras callbacks.
-        verbose: 0 silent, 1 progress bar, 2 one line per epoch, "auto".
-        shuffle: Shuffle arrays / TFRecords each epoch.
-        seed: Shuffle seed.
-        precision: "auto", "float32", "mixed_float16" or "mixed_bfloat16".
-        jit_compile: "auto", True or False (XLA).
-        steps_per_execution: "auto" or an integer.
-        grad_accum_steps: Steps whose gradients are averaged per update.
-        clipnorm: Global gradient-norm clip, or None.
-        remat: None, True or "activations" (recompute activations).
-        learning_rate: Peak learning rate.
-        lr_schedule: "auto", "warmup_cosine", "one_cycle" or "constant".
-        warmup_steps: "auto" or warm-up updates for "warmup_cosine".
-        intra_op_threads, inter_op_threads: "auto" or TensorFlow thread counts.
-        strategy: "auto", "none", "mirrored", "multi_worker" or a
-            `tf.distribute.Strategy` (see `kerasfast.distribute`).
-        scale_lr: Multiply the learning rate by the number of replicas.
-        prune: Magnitude pruning during training: a target sparsity (e.g.
-            0.8), a dict of `kerasfast.compress.PruningConfig` arguments or a
-            `PruningConfig`. The schedule is placed in the run's updates;
-            at the end every pruned kernel has exactly its target sparsity.
-        run_dir: Folder for the run's files; None makes a new one under
-            `kerasfast_runs/`, False writes nothing. Only the chief worker
-            writes it; other workers write to a temporary folder that is
-            removed.
-        backup_dir: Folder for the training-state backup (shared by all
-            workers). None: `run_dir/backup` when `run_dir` is given, else
-            off; False: off. A re-run of the same command with a backup
-            there resumes exactly where it stopped, mid-epoch included; the
-            backup is removed when training completes.
-        backup_every: Save the state every this many steps (at an update
-            boundary) as well as at every epoch end.
-        save_model_file: Save the trained model as `model.keras` in the run
-            folder.
+def plan_is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
-    Returns:
-        A `FitResult` with the Keras `History`, the plan and the throughput.
 
-    Raises:
-        PlanError: For a bad argument or a combination that cannot work,
-            before any training step.
-        DataError: For data that is malformed or does not fit the model.
-        ModelError: For a model that cannot be prepared as planned.
+@dataclasses.dataclass
+class _Start:
+    """What `_start` resolved before any data or model is touched."""
 
-    Example:
+    hardware: object
+    early: Plan
+    distribution: object
+    backup: Backup | None
+    progress: object
+    seed: int
+    runtime_started: bool
+    threads: tuple[int, int]
+    backup_every: int = DEFAULT_EVERY_STEPS
 
-    >>> result = kerasfast.fit(model, (x, y), epochs=3, batch_size=64, run_dir=False)
-    >>> print(result.plan)
-    >>> result.throughput.samples_per_second
-    """
-    if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
-        raise PlanError(f"epochs={epochs!r} is not valid: use an integer >= 1.")
-    if steps_per_epoch is not None and (not isinstance(steps_per_epoch, int) or steps_per_epoch < 1):
-        raise PlanError(f"steps_per_epoch={steps_per_epoch!r} is not valid: use an integer >= 1 or None.")
-    callbacks = list(callbacks or [])
+
+def _start(overrides: Overrides, *, strategy, run_dir, backup_dir, backup_every, seed) -> _Start:
+    """Hardware, thread pools, strategy, backup and seed: decided once, first."""
     hardware = detect_hardware()
-
-    # Validate what can be checked without the model and data, and size the
-    # thread pools now: preparing data and model would start TensorFlow,
-    # after which the pools can no longer change.
+    # Thread pools can only be sized before TensorFlow's runtime starts, i.e.
+    # before preparing data or model.
     started = threads.runtime_started()
-    current_intra, current_inter = threads.current_threads()
-    early = resolve_plan(
-        hardware, precision=precision, jit_compile=jit_compile, steps_per_execution=steps_per_execution,
-        batch_size=batch_size, grad_accum_steps=grad_accum_steps, clipnorm=clipnorm, remat=remat,
-        intra_op_threads=intra_op_threads, inter_op_threads=inter_op_threads,
-        run=RunFacts(tf_runtime_started=started, current_intra_op_threads=current_intra,
-                     current_inter_op_threads=current_inter),
-    )
+    current = threads.current_threads()
+    early = resolve_plan(hardware, overrides=overrides, run=RunFacts(
+        tf_runtime_started=started, current_intra_op_threads=current[0], current_inter_op_threads=current[1]))
     if not started:
         threads.configure_threads(early.intra_op_threads, early.inter_op_threads)
     distribution = resolve_strategy(strategy, hardware)
-    tf_strategy = distribution.strategy
     if backup_dir is None and run_dir not in (None, False):
         backup_dir = pathlib.Path(run_dir) / "backup"
     backup = Backup(backup_dir, is_chief=distribution.is_chief) if backup_dir not in (None, False) else None
@@ -271,74 +193,50 @@ def fit(
     elif seed is None:
         # Every worker must shuffle identically (or sharding by data would
         # give workers overlapping samples), and a resumable run must be able
-        # to replay its order: both need a fixed seed.
-        seed = 0 if distribution.name == "multi_worker" else int(np.random.default_rng().integers(2**31))
+        # to replay its order: both need a fixed seed. Drawn from NumPy's
+        # global generator, so `keras.utils.set_random_seed` fixes it.
+        seed = 0 if distribution.name == "multi_worker" else int(np.random.randint(2**31 - 1))
+    return _Start(hardware, early, distribution, backup, progress, seed, started, current, backup_every)
 
-    # The model is built under this policy; the step's FLOPs only decide between
-    # precisions built alike (float32 and onednn_bfloat16).
-    policy = keras_policy(early.precision)
-    train_data = prepare_data(data, batch_size=batch_size or 32, shuffle=shuffle, seed=seed, repeat=True)
-    val_data = None
-    if validation_data is not None:
-        val_data = prepare_data(validation_data, batch_size=train_data.facts.batch_size or batch_size or 32,
-                                shuffle=False, what="validation_data")
 
-    if isinstance(model, keras.Model):
-        check_inputs_match(model, train_data.sample_inputs)
-        if val_data is not None:
-            check_inputs_match(model, val_data.sample_inputs, "validation_data")
-    requested_remat = early.remat
-    try:
-        prepared: PreparedModel = prepare_model(model, policy, requested_remat, train_data.sample_inputs,
-                                                strategy=tf_strategy)
-    except (ModelError, PlanError, DataError):
-        raise
-    except (ValueError, TypeError) as error:
-        raise DataError(
-            f"the model could not be run on a batch of the data: {error}. Check that the data's inputs "
-            "(shape, dtype, number of inputs) match what the model expects."
-        ) from error
-    train_model = prepared.train_model
-    check_inputs_match(train_model, train_data.sample_inputs)
-
-    settings = _compile_settings(model if isinstance(model, keras.Model) else train_model)
-    user_optimizer = optimizer if optimizer is not None else settings.get("optimizer")
-    user_loss = loss if loss is not None else settings.get("loss")
-    user_metrics = metrics if metrics is not None else settings.get("metrics")
-    if user_loss is None:
-        raise PlanError(
-            "no loss: the model is not compiled with one and fit got no loss=. Pass loss= (e.g. "
-            "loss='sparse_categorical_crossentropy') or compile the model first."
-        )
+def _model_facts(model, train_data, optimizer) -> ModelFacts:
+    """What the plan needs to know about the model and its compile settings."""
+    settings = keras_compat.compile_config(model)
+    user_optimizer = optimizer if optimizer is not None else (model.optimizer if model.compiled else None)
     template = keras.optimizers.get(user_optimizer) if isinstance(user_optimizer, str) else user_optimizer
-    shapes, dtypes = _sample_shape(train_data.sample_inputs)
-    model_facts = ModelFacts(
-        layers_without_jit=_jit_blockers(train_model),
-        forward_flops_per_sample=costs.forward_flops_per_sample(train_model, shapes, dtypes),
+    own_step = keras_compat.overridden_step(model, "train_step")
+    flops = None
+    if own_step is None:
+        shapes, dtypes = _sample_shape(train_data.sample_inputs)
+        flops = costs.forward_flops_per_sample(model, shapes, dtypes)
+    spe = settings.get("steps_per_execution", 1)
+    return ModelFacts(
+        layers_without_jit=_jit_blockers(model),
+        forward_flops_per_sample=flops,
         user_optimizer=type(optimizers.unwrap(template)).__name__ if template is not None else None,
         user_learning_rate=optimizers.constant_learning_rate(template) if template is not None else None,
+        custom_train_step=own_step,
+        compile_jit_compile=settings.get("jit_compile", "auto"),
+        compile_steps_per_execution=spe if plan_is_int(spe) else 1,
+        run_eagerly=bool(settings.get("run_eagerly")),
+        loss_scaled=isinstance(template, keras.optimizers.LossScaleOptimizer),
     )
+
+
+def _plan_run(start: _Start, overrides: Overrides, model_facts: ModelFacts, train_data, *, epochs, callbacks,
+              prune) -> Plan:
+    """The plan, resolved once; pruning is placed in the run's updates."""
+    distribution = start.distribution
     run_facts = RunFacts(
-        epochs=epochs,
-        tf_runtime_started=started,
-        current_intra_op_threads=current_intra,
-        current_inter_op_threads=current_inter,
-        op_determinism=_op_determinism(),
+        epochs=epochs, tf_runtime_started=start.runtime_started, current_intra_op_threads=start.threads[0],
+        current_inter_op_threads=start.threads[1], op_determinism=_op_determinism(),
         user_batch_callbacks=_batch_callbacks(callbacks),
     )
 
     def plan_with(run: RunFacts) -> Plan:
-        return resolve_plan(
-            hardware, model=model_facts, data=train_data.facts, run=run,
-            precision=precision, jit_compile=jit_compile, steps_per_execution=steps_per_execution,
-            batch_size=batch_size, grad_accum_steps=grad_accum_steps, clipnorm=clipnorm, remat=remat,
-            learning_rate=learning_rate, lr_schedule=lr_schedule, warmup_steps=warmup_steps,
-            intra_op_threads=intra_op_threads, inter_op_threads=inter_op_threads,
-            steps_per_epoch=steps_per_epoch, scale_lr=scale_lr,
-            num_replicas=distribution.num_replicas, strategy_name=distribution.name,
-            strategy_reason=distribution.reason,
-            whole_updates_per_execution=bool(train_data.facts.steps_per_epoch or steps_per_epoch),
-        )
+        return resolve_plan(start.hardware, model=model_facts, data=train_data.facts, run=run, overrides=overrides,
+                            num_replicas=distribution.num_replicas, strategy_name=distribution.name,
+                            strategy_reason=distribution.reason)
 
     # The peak FLOP/s (which sizes steps per execution) is measured in the
     # precision the plan picks; a timing differs between workers, so the
@@ -346,128 +244,363 @@ def fit(
     peak = costs.measure_peak_flops(compute_dtype(plan_with(run_facts).precision))
     plan = plan_with(dataclasses.replace(run_facts, peak_flops=chief_value(distribution, peak)))
     check_same_plan(distribution, plan)
-    pruning_config = None
-    if prune is not None:
-        from kerasfast.compress import pruning_for_run
-
-        if not plan.total_steps:
-            raise PlanError("prune= needs the run's length: pass steps_per_epoch= for a dataset of unknown length.")
-        pruning_config = pruning_for_run(prune, plan.total_steps)
-        plan = dataclasses.replace(
-            plan, prune=pruning_config.target_sparsity, overridden=plan.overridden + ("prune",),
-            reasons={**plan.reasons, "prune": _describe_pruning(pruning_config)},
+    if prune is None:
+        return plan
+    if plan.train_step != "kerasfast":
+        raise PlanError(
+            f"prune= follows the updates of kerasfast's own train step, but {model_facts.custom_train_step or 'your model'} "
+            "runs its own: prune after training with kerasfast.compress.prune(model, ...), or drop prune=."
         )
+    from kerasfast.compress import pruning_for_run
+
+    if not plan.total_steps:
+        raise PlanError("prune= needs the run's length: pass steps_per_epoch= for a dataset of unknown length.")
+    config = pruning_for_run(prune, plan.total_steps)
+    return dataclasses.replace(
+        plan, prune=config.target_sparsity, overridden=plan.overridden + ("prune",),
+        reasons={**plan.reasons, "prune": _describe_pruning(config)},
+    )
+
+
+def _compile_for_run(model, plan: Plan, *, loss, optimizer, metrics) -> None:
+    """Compiles only what Keras would need compiled: an uncompiled model, or
+    the compile arguments given to fit (merged into the model's own)."""
+    given = {name: value for name, value in (("loss", loss), ("optimizer", optimizer), ("metrics", metrics))
+             if value is not None}
+    if model.compiled and not given:
+        return
+    own_compile = keras_compat.overridden_step(model, "compile")
+    if own_compile is not None:
+        if model.compiled:
+            raise PlanError(
+                f"{own_compile} takes its own arguments, so kerasfast cannot add {', '.join(given)}= to it: pass "
+                "them to your compile() and call kerasfast.fit without them."
+            )
+        raise PlanError(f"{own_compile} must be called before kerasfast.fit (as before model.fit).")
+    settings = keras_compat.compile_config(model)
+    settings.update(given)
+    if settings.get("loss") is None and plan.train_step == "kerasfast" and not _has_added_losses(model):
+        raise PlanError(
+            "no loss: the model is not compiled with one and fit got no loss=. Pass loss= (e.g. "
+            "loss='sparse_categorical_crossentropy') or compile the model first."
+        )
+    if settings.get("optimizer") is None:
+        settings["optimizer"] = optimizers.default_optimizer(plan)
+    settings.setdefault("jit_compile", "auto")
+    model.compile(**settings)
+
+
+def _has_added_losses(model) -> bool:
+    return any(getattr(layer, "_losses", None) for layer in keras_compat.flatten_layers(model, include_self=True)) \
+        or bool(getattr(model, "losses", []))
+
+
+def _build_state(model, plan: Plan, sample_batch) -> None:
+    """Creates model, loss, metric and optimizer variables before the first trace."""
+    if plan.train_step == "yours":
+        # Never call a model with its own train_step (it may have no call());
+        # its optimizer is built where Keras's own symbolic build would.
+        if model.optimizer is not None and not model.optimizer.built and model.built and plan.strategy != "none":
+            model.optimizer.build(model.trainable_variables)
+        return
+    keras_compat.build_state(model, sample_batch)
+
+
+def _train(model, plan: Plan, start: _Start, train_data, stream_from, *, epochs, initial_epoch, callbacks, verbose,
+           validation, meter_factory):
+    """Runs the planned epochs on the borrowed model; everything kerasfast
+    changes on it for the run is undone when this returns or raises."""
+    distribution, progress, backup = start.distribution, start.progress, start.backup
+    tf_strategy = distribution.strategy
+
+    def scope():
+        return tf_strategy.scope() if tf_strategy is not None else contextlib.nullcontext()
+
+    with contextlib.ExitStack() as borrowed:
+        borrowed.enter_context(model_attributes_restored(model))
+        borrowed.enter_context(computing_in(model, keras_policy(plan.precision), plan.remat))
+        borrowed.enter_context(optimizer_settings(model.optimizer, learning_rate=optimizers.planned_learning_rate(plan)
+                                                  if model.optimizer is not None else None, clipnorm=plan.clipnorm))
+        borrowed.enter_context(graph_precision(plan.precision))
+        metric_values = None
+        steps = None
+        with scope():
+            _build_state(model, plan, train_data.sample_batch)
+            if progress is not None:
+                progress, metric_values = backup.restore(model, plan)
+                if verbose != 0 and distribution.is_chief:
+                    print(f"kerasfast: resuming from {backup.path} at epoch {progress.epoch + 1}, step {progress.step}")
+            if plan.train_step != "keras":
+                scaler = optimizers.loss_scaling(model.optimizer, plan)
+                if scaler is not None:
+                    scaler.build(model.trainable_variables)
+                keras_compat.detach_from_creation_strategy(model)
+                model.steps_per_execution = plan.steps_per_execution
+                done = progress.batches_done(plan.steps_per_epoch) if progress and plan.steps_per_epoch else 0
+                steps = DistributedSteps.prepare(
+                    model, tf_strategy or tf.distribute.get_strategy(), plan, done, optimizer=scaler,
+                    own_test_step=keras_compat.overridden_step(model, "test_step") is not None)
+        meter = meter_factory(progress, steps.input_wait_seconds if steps is not None else None)
+        with scope(), lost_peer_errors(distribution):
+            history = run_epochs(
+                model, stream_from, plan=plan, epochs=epochs, initial_epoch=initial_epoch,
+                callbacks=callbacks + [meter], verbose=verbose if distribution.is_chief else 0,
+                validation=validation, backup=backup, backup_every=start.backup_every,
+                progress=progress, metric_values=metric_values, seed=start.seed,
+            )
+    return history, meter
+
+
+def fit(
+    model,
+    x=None,
+    y=None,
+    *,
+    batch_size: int | None = None,
+    epochs: int = 1,
+    verbose="auto",
+    callbacks=None,
+    validation_split: float = 0.0,
+    validation_data=None,
+    shuffle=True,
+    class_weight=None,
+    sample_weight=None,
+    initial_epoch: int = 0,
+    steps_per_epoch: int | None = None,
+    validation_steps: int | None = None,
+    validation_batch_size: int | None = None,
+    validation_freq=1,
+    loss=None,
+    optimizer=None,
+    metrics=None,
+    seed: int | None = None,
+    strategy="auto",
+    prune=None,
+    run_dir=None,
+    backup_dir=None,
+    backup_every: int = DEFAULT_EVERY_STEPS,
+    save_model_file: bool = True,
+    data=None,
+    **options,
+) -> FitResult:
+    """Trains a Keras 3 model the fast way: a drop-in for `model.fit`.
+
+    `model.fit(...)` becomes `kerasfast.fit(model, ...)`: every argument of
+    Keras 3's `fit` keeps its meaning, the model's own `compile`, `train_step`,
+    `test_step`, `compute_loss` and `compute_metrics` are honoured, and
+    afterwards the model is what Keras would have left (its optimizer object
+    trained, nothing of kerasfast's installed). Every automatic decision is
+    resolved once into a `Plan`, printed before training (unless
+    `verbose=0`) and saved as `plan.json` in the run folder.
+
+    Args:
+        model: A Keras model (Sequential, functional or subclassed; compiled
+            or not), or a zero-argument callable that builds one (called in
+            the strategy's scope).
+        x, y, sample_weight: As in Keras: arrays, tensors or pandas objects
+            (dicts by input/output name, lists or tuples for several), a
+            `tf.data.Dataset` yielding `x` or `(x, y[, sample_weight])`, a
+            `keras.utils.PyDataset`, a generator; or a TFRecord file, folder
+            or pattern written by `kerasfast.data.write_tfrecords`. A tuple
+            `x` without `y` is read as `(x, y[, sample_weight])`.
+        batch_size, epochs, verbose, callbacks, validation_split,
+        validation_data, shuffle, class_weight, initial_epoch,
+        steps_per_epoch, validation_steps, validation_batch_size,
+        validation_freq: As in Keras 3's `fit` (see docs/fit.md for the
+            few additions: `class_weight` multiplies into `sample_weight`).
+        loss, optimizer, metrics: As in `model.compile`, merged into the
+            model's own settings (the model stays compiled with them).
+            Without any optimizer kerasfast uses AdamW with warm-up + cosine.
+        seed: Shuffle seed (None: drawn from NumPy's global generator, so
+            `keras.utils.set_random_seed` makes runs repeat exactly).
+        strategy: "auto", "none", "mirrored", "multi_worker" or a
+            `tf.distribute.Strategy` (see `kerasfast.distribute`).
+        prune: Magnitude pruning during training: a target sparsity (e.g.
+            0.8), a dict of `kerasfast.compress.PruningConfig` arguments or a
+            `PruningConfig`.
+        run_dir: Folder for the run's files; None makes a new one under
+            `kerasfast_runs/`, False writes nothing (chief worker only).
+        backup_dir: Folder for the training-state backup (shared by all
+            workers); None: `run_dir/backup` when `run_dir` is given; False:
+            off. A re-run with a backup there resumes exactly where it stopped.
+        backup_every: Save the state every this many steps (and each epoch end).
+        save_model_file: Save the trained model as `model.keras` in the run folder.
+        data: The training data by its older name (same as `x`).
+        **options: kerasfast's overrides of its automatic choices
+            (`kerasfast.plan.Overrides`): precision, jit_compile,
+            steps_per_execution, grad_accum_steps, clipnorm, remat,
+            learning_rate, lr_schedule, warmup_steps, intra_op_threads,
+            inter_op_threads, scale_lr.
+
+    Returns:
+        A `FitResult` with the Keras `History`, the plan and the throughput.
+
+    Raises:
+        PlanError: For a bad argument or a combination that cannot work,
+            before any training step.
+        DataError: For data that is malformed or does not fit the model.
+        ModelError: For a model that cannot be prepared as planned. Errors
+            raised by the model's own code keep their type.
+
+    Example:
+
+    >>> result = kerasfast.fit(model, x, y, epochs=3, batch_size=64, validation_split=0.1, run_dir=False)
+    >>> print(result.plan)
+    >>> result.throughput.samples_per_second
+    """
+    if data is not None:
+        if x is not None:
+            raise PlanError("fit got both x= and data=: pass the training data once (x= is Keras's name).")
+        x = data
+    _check_run_arguments(epochs, initial_epoch, validation_freq, steps_per_epoch, validation_steps)
+    overrides = Overrides.from_options({**options, "batch_size": batch_size, "steps_per_epoch": steps_per_epoch})
+    callbacks = list(callbacks or [])
+    start = _start(overrides, strategy=strategy, run_dir=run_dir, backup_dir=backup_dir, backup_every=backup_every,
+                   seed=seed)
+    distribution = start.distribution
+    tf_strategy = distribution.strategy
+
+    # Data.
+    if validation_split and validation_data is None:
+        (x, y, sample_weight), validation_data = split_validation(x, y, sample_weight, validation_split)
+    if class_weight is not None and isinstance(x, (str, os.PathLike)) and distribution.name == "multi_worker":
+        raise PlanError("class_weight= is not applied to TFRecords read per worker: write the weights into the "
+                        "records (a sample_weight feature) or train on one machine.")
+    train_data = prepare_data(x, y, sample_weight, batch_size=batch_size, class_weight=class_weight, shuffle=shuffle,
+                              seed=start.seed, repeat=True)
+    validation = _validation_arguments(validation_data, validation_batch_size or batch_size, validation_steps,
+                                       validation_freq, train_data)
+
+    # Model.
+    own_steps = isinstance(model, keras.Model) and keras_compat.overridden_step(model, "train_step") is not None
+    if isinstance(model, keras.Model) and not own_steps:
+        check_inputs_match(model, train_data.sample_inputs)
+    prepared: PreparedModel = prepare_model(model, train_data.sample_inputs, strategy=tf_strategy, own_steps=own_steps)
+    train_model = prepared.train_model
+    if keras_compat.overridden_step(train_model, "train_step") is None:
+        check_inputs_match(train_model, train_data.sample_inputs)
+    model_facts = _model_facts(train_model, train_data, optimizer)
+    plan = _plan_run(start, overrides, model_facts, train_data, epochs=epochs, callbacks=callbacks, prune=prune)
+    with tf_strategy.scope() if tf_strategy is not None else contextlib.nullcontext():
+        if prepared.rebuilt:
+            _compile_copy(train_model, prepared.user_model, plan, loss=loss, optimizer=optimizer, metrics=metrics)
+        else:
+            _compile_for_run(train_model, plan, loss=loss, optimizer=optimizer, metrics=metrics)
     if verbose != 0 and distribution.is_chief:
         print(plan)
         print(f"  data: {train_data.description}; model: {prepared.how}")
 
     with contextlib.ExitStack() as cleanup:
-        folder = None
-        if run_dir is not False:
-            if distribution.is_chief:
-                folder = pathlib.Path(run_dir) if run_dir is not None else new_run_dir(DEFAULT_ROOT)
-            else:
-                folder = pathlib.Path(tempfile.mkdtemp(prefix=f"kerasfast-worker{distribution.cluster.index}-"))
-                # Removed when fit ends, whether it succeeds or fails.
-                cleanup.callback(shutil.rmtree, folder, ignore_errors=True)
-            folder.mkdir(parents=True, exist_ok=True)
-            write_json(folder / "plan.json", {**plan.to_dict(), "hardware": hardware.to_dict()})
-
-        compile_kwargs = {k: settings[k] for k in ("loss_weights", "weighted_metrics") if settings.get(k) is not None}
-
-        def scope():
-            return tf_strategy.scope() if tf_strategy is not None else contextlib.nullcontext()
-
-        # The train and test steps first run (and are optimised) in run_epochs.
-        cleanup.enter_context(graph_precision(plan.precision))
-        with scope(), build_scope(keras_policy(plan.precision)):
-            # Optimizer variables and metrics are created under the same policy
-            # (and strategy) as the model's.
-            train_model.compile(
-                # kerasfast's steps accumulate gradients themselves (Keras's
-                # optimizer accumulation fails under tf.distribute).
-                optimizer=optimizers.build_optimizer(plan, template, accumulate=False),
-                loss=user_loss,
-                metrics=user_metrics,
-                jit_compile=plan.jit_compile if tf_strategy is None else False,
-                steps_per_execution=plan.steps_per_execution,
-                **compile_kwargs,
-            )
-            pruned_layers = None
-            if pruning_config is not None:
-                from kerasfast.compress import apply_pruning
-
-                pruned_layers = apply_pruning(train_model, pruning_config)
-            keras_compat.build_state(train_model, train_data.sample_batch)
-            metric_values = None
-            if progress is not None:
-                progress, metric_values = backup.restore(train_model, plan)
-                if verbose != 0 and distribution.is_chief:
-                    print(f"kerasfast: resuming from {backup.path} at epoch {progress.epoch + 1}, step {progress.step}")
-            steps = DistributedSteps.prepare(
-                train_model, tf_strategy or tf.distribute.get_strategy(), plan,
-                progress.batches_done(plan.steps_per_epoch) if progress and plan.steps_per_epoch else 0)
-        meter = ThroughputMeter(samples_counter(plan.global_batch_size, train_data.facts.num_samples),
-                                plan.steps_per_epoch, first_step=progress.step if progress else 0,
-                                input_wait_seconds=steps.input_wait_seconds)
-        with scope(), lost_peer_errors(distribution):
-            if train_data.source == "tfrecords" and distribution.name == "multi_worker":
-                stream_from = sharded_tfrecord_stream(os.fspath(data), tf_strategy, global_batch_size=plan.global_batch_size,
-                                                      shuffle=shuffle, seed=seed)
-            else:
-                stream_from = stream_factory(train_data.dataset, repeat=bool(plan.steps_per_epoch))
-            history = run_epochs(
-                train_model, stream_from, plan=plan, epochs=epochs, callbacks=callbacks + [meter],
-                verbose=verbose if distribution.is_chief else 0,
-                validation_data=val_data.dataset if val_data is not None else None,
-                backup=backup, backup_every=backup_every, progress=progress, metric_values=metric_values, seed=seed,
-            )
-        if backup is not None:
-            backup.clear()
-        pruning_summary = None
-        if pruning_config is not None:
-            from kerasfast.compress import finalize_pruning
-
-            with scope():
-                pruning_summary = finalize_pruning(train_model)
-            dense = [row for row in pruned_layers if not row["pruned"]]
-            pruning_summary = pruning_summary + dense
-        if prepared.rebuilt:
-            user_model = prepared.user_model
-            copy_weights(train_model, user_model)
-            if not user_model.compiled:
-                # So that the user's model evaluates and predicts like the
-                # trained copy, with a fresh optimizer of its own.
-                user_model.compile(optimizer=optimizers.build_optimizer(
-                    dataclasses.replace(plan, precision="float32"), template),
-                    loss=user_loss, metrics=user_metrics, **compile_kwargs)
-        result = FitResult(
-            history=history,
-            plan=plan,
-            throughput=meter.result(),
-            model=prepared.user_model if prepared.user_model is not None else train_model,
-            train_model=train_model,
-            run_dir=folder,
-            data=train_data.description,
-            model_preparation=prepared.how,
-            pruning=pruning_summary,
-            input_report=input_advice(meter.result().input_wait_fraction, train_data.source),
-        )
+        folder = _run_folder(run_dir, distribution, cleanup)
         if folder is not None:
-            write_json(folder / "history.json", history.history)
-            write_json(folder / "result.json", result.summary())
-            if pruning_summary is not None:
-                write_json(folder / "pruning.json", pruning_summary)
-            if save_model_file:
-                save_model(train_model, folder / "model.keras")
-            if not distribution.is_chief:
-                result.run_dir = None
-        if verbose != 0 and distribution.is_chief:
-            print(f"kerasfast: {result.input_report}")
-            if result.throughput.samples_per_second:
-                print(f"kerasfast: {result.throughput.samples_per_second:,.0f} samples/s, "
-                      f"{result.throughput.steps_per_second:,.1f} steps/s after the first execution "
-                      f"({result.throughput.first_execution_s:.1f} s incl. compilation)")
-            else:
-                print("kerasfast: run too short to measure throughput (only the first, compiling execution ran)")
-        return result
+            write_json(folder / "plan.json", {**plan.to_dict(), "hardware": start.hardware.to_dict()})
+        pruned_layers = None
+        if plan.prune is not None:
+            from kerasfast.compress import apply_pruning, pruning_for_run
+
+            with tf_strategy.scope() if tf_strategy is not None else contextlib.nullcontext():
+                pruned_layers = apply_pruning(train_model, pruning_for_run(prune, plan.total_steps))
+        if train_data.source == "tfrecords" and distribution.name == "multi_worker":
+            stream_from = sharded_tfrecord_stream(os.fspath(x), tf_strategy, global_batch_size=plan.global_batch_size,
+                                                  shuffle=shuffle, seed=start.seed)
+        else:
+            stream_from = stream_factory(train_data.dataset, repeat=bool(plan.steps_per_epoch))
+
+        def meter_factory(progress, input_wait):
+            return ThroughputMeter(samples_counter(plan.global_batch_size, train_data.facts.num_samples),
+                                   plan.steps_per_epoch, first_step=progress.step if progress else 0,
+                                   input_wait_seconds=input_wait)
+
+        history, meter = _train(train_model, plan, start, train_data, stream_from, epochs=epochs,
+                                initial_epoch=initial_epoch, callbacks=callbacks, verbose=verbose,
+                                validation=validation, meter_factory=meter_factory)
+        return _finish(prepared, plan, start, train_data, history, meter, folder, pruned_layers,
+                       save_model_file=save_model_file, verbose=verbose)
+
+
+def _validation_arguments(validation_data, batch_size, steps, freq, train_data) -> dict:
+    """Keras's own validation arguments; kerasfast only reads TFRecord paths itself."""
+    if validation_data is None:
+        return {}
+    if isinstance(validation_data, (str, os.PathLike)):
+        validation_data = prepare_data(validation_data, batch_size=batch_size or train_data.facts.batch_size,
+                                       shuffle=False, what="validation_data").dataset
+    elif isinstance(validation_data, (tuple, list)) and 2 <= len(validation_data) <= 3:
+        validation_data = tuple(validation_data)
+    return {"validation_data": validation_data, "validation_steps": steps, "validation_freq": freq,
+            "validation_batch_size": batch_size or train_data.facts.batch_size or 32}
+
+
+def _compile_copy(clone, user_model, plan, *, loss, optimizer, metrics) -> None:
+    """Compiles the strategy-scope copy of a model like the user's own."""
+    settings = keras_compat.compile_config(user_model)
+    given = {name: value for name, value in (("loss", loss), ("optimizer", optimizer), ("metrics", metrics))
+             if value is not None}
+    settings.update(given)
+    if settings.get("loss") is None:
+        raise PlanError("no loss: the model is not compiled with one and fit got no loss=. Pass loss= or compile it.")
+    user_optimizer = settings.get("optimizer")
+    settings["optimizer"] = (optimizers.copy_of(user_optimizer) if user_optimizer is not None
+                             else optimizers.default_optimizer(plan))
+    if not user_model.compiled or given:
+        user_model.compile(**{**settings, "optimizer": optimizers.copy_of(settings["optimizer"])})
+    clone.compile(**settings)
+
+
+def _run_folder(run_dir, distribution, cleanup):
+    if run_dir is False:
+        return None
+    if distribution.is_chief:
+        folder = pathlib.Path(run_dir) if run_dir is not None else new_run_dir(DEFAULT_ROOT)
+    else:
+        folder = pathlib.Path(tempfile.mkdtemp(prefix=f"kerasfast-worker{distribution.cluster.index}-"))
+        # Removed when fit ends, whether it succeeds or fails.
+        cleanup.callback(shutil.rmtree, folder, ignore_errors=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _finish(prepared, plan, start, train_data, history, meter, folder, pruned_layers, *, save_model_file,
+            verbose) -> FitResult:
+    """Folds pruning in, carries a copy's state back, writes the run folder."""
+    distribution = start.distribution
+    train_model = prepared.train_model
+    if start.backup is not None:
+        start.backup.clear()
+    pruning_summary = None
+    if pruned_layers is not None:
+        from kerasfast.compress import finalize_pruning
+
+        with distribution.strategy.scope() if distribution.strategy is not None else contextlib.nullcontext():
+            pruning_summary = finalize_pruning(train_model) + [row for row in pruned_layers if not row["pruned"]]
+    if prepared.rebuilt:
+        user_model = prepared.user_model
+        copy_weights(train_model, user_model)
+        if user_model.optimizer is not None and train_model.optimizer is not None:
+            if not user_model.optimizer.built:
+                user_model.optimizer.build(user_model.trainable_variables)
+            copy_optimizer_state(train_model.optimizer, user_model.optimizer)
+    throughput = meter.result()
+    result = FitResult(
+        history=history, plan=plan, throughput=throughput, model=prepared.user_model, train_model=train_model,
+        run_dir=folder, data=train_data.description, model_preparation=prepared.how, pruning=pruning_summary,
+        input_report=input_advice(throughput.input_wait_fraction, train_data.source),
+    )
+    if folder is not None:
+        write_json(folder / "history.json", history.history)
+        write_json(folder / "result.json", result.summary())
+        if pruning_summary is not None:
+            write_json(folder / "pruning.json", pruning_summary)
+        if save_model_file:
+            save_model(train_model, folder / "model.keras")
+        if not distribution.is_chief:
+            result.run_dir = None
+    if verbose != 0 and distribution.is_chief:
+        print(f"kerasfast: {result.input_report}")
+        if throughput.samples_per_second:
+            print(f"kerasfast: {throughput.samples_per_second:,.0f} samples/s, "
+                  f"{throughput.steps_per_second:,.1f} steps/s after the first execution "
+                  f"({throughput.first_execution_s:.1f} s incl. compilation)")
+        else:
+            print("kerasfast: run too short to measure throughput (only the first, compiling execution ran)")
+    return result

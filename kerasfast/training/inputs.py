@@ -1,10 +1,19 @@
-"""Turning what the user passes as data into a batched `tf.data.Dataset`.
+"""Turning what the user passes to `fit` into a batched `tf.data.Dataset`.
 
-`fit` accepts a `tf.data.Dataset`, `(x, y)` / `(x, y, sample_weight)` NumPy
-arrays, or a TFRecord path or pattern written by `kerasfast.data`. This
-module normalises all of them, reads off the facts the plan needs (batch
-size, samples per epoch) and checks that the data fits the model's inputs
-before any training step, so a mismatch is a clear error, not a trace.
+`fit` takes every data form Keras's `fit` takes, with Keras's meaning:
+arrays, tensors and pandas objects as `x` (a structure: dict by input name,
+list or tuple for several inputs) with `y` / `sample_weight` beside them; a
+`tf.data.Dataset` yielding `x` or `(x, y[, sample_weight])`; a
+`keras.utils.PyDataset`; a Python generator; plus kerasfast's TFRecord
+paths. A tuple given as `x` without `y` is read as `(x, y[, sample_weight])`
+(kerasfast's `fit(model, (x, y))` form). `class_weight` becomes sample
+weights (multiplied into `sample_weight` when both are given) and
+`validation_split` takes Keras's split: the last fraction, before shuffling.
+
+The module reads off the facts the plan needs (batch size, samples per
+epoch) and checks that the data fits the model's declared inputs (by name
+for dicts, with Keras's leniency for a `(batch,)` array feeding a
+`(None, 1)` input) before any training step.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ import os
 
 import numpy as np
 
+from kerasfast.distribute import keras_compat
 from kerasfast.errors import DataError
 from kerasfast.plan import DataFacts
 
@@ -24,11 +34,11 @@ class PreparedData:
     """A batched dataset plus what is known about it.
 
     Attributes:
-        dataset: Batched `tf.data.Dataset` of `(x, y[, sample_weight])`.
+        dataset: Batched `tf.data.Dataset` of `x` or `(x, y[, sample_weight])`.
         facts: `DataFacts` for the plan.
         sample_inputs: The `x` of one batch (to build and check the model).
         description: One line for the plan and the run folder.
-        sample_batch: One whole batch `(x, y[, sample_weight])`.
+        sample_batch: One whole batch, as the dataset yields it.
         source: "arrays", "tfrecords" or "dataset" (for input advice).
     """
 
@@ -40,6 +50,115 @@ class PreparedData:
     source: str = "dataset"
 
 
+def _unpack(batch):
+    import keras
+
+    return keras.utils.unpack_x_y_sample_weight(batch)
+
+
+def _as_array(leaf):
+    if leaf is None:
+        return None
+    if hasattr(leaf, "to_numpy") and not hasattr(leaf, "numpy"):  # pandas DataFrame / Series
+        return leaf.to_numpy()
+    if hasattr(leaf, "numpy") and not isinstance(leaf, np.ndarray):  # tf / Keras tensors
+        return np.asarray(leaf)
+    return np.asarray(leaf)
+
+
+def _arrays(structure):
+    """Lists become tuples (tf.data cannot carry lists), leaves NumPy arrays."""
+    import keras
+
+    return keras.tree.map_structure(_as_array, keras.tree.lists_to_tuples(structure))
+
+
+def class_weights_for(y, class_weight: dict) -> np.ndarray:
+    """Per-sample weights from `class_weight`, for sparse or one-hot labels (Keras's rule).
+
+    Example:
+
+    >>> class_weights_for(np.array([0, 1, 1]), {0: 1.0, 1: 3.0})
+    array([1., 3., 3.], dtype=float32)
+    """
+    import keras
+
+    if keras.tree.is_nested(y):
+        raise DataError("class_weight= only works with a single output (one y array): pass sample_weight= instead.")
+    labels = np.asarray(y)
+    if labels.ndim > 1:
+        labels = np.argmax(labels, axis=-1) if labels.shape[-1] != 1 else np.squeeze(labels, axis=-1)
+    labels = np.round(labels).astype("int64")
+    table = _class_weight_table(class_weight)
+    outside = (labels < 0) | (labels >= len(table))
+    weights = np.ones(labels.shape, "float32")
+    weights[~outside] = table[labels[~outside]]
+    return weights
+
+
+def _class_weight_table(class_weight) -> np.ndarray:
+    if not isinstance(class_weight, dict) or not class_weight:
+        raise DataError(f"class_weight={class_weight!r}: pass a dict {{class index: weight}}, e.g. {{0: 1.0, 1: 5.0}}.")
+    try:
+        keys = [int(k) for k in class_weight]
+    except (TypeError, ValueError):
+        raise DataError(f"class_weight keys must be integer class indices, got {list(class_weight)!r}.") from None
+    if min(keys) < 0:
+        raise DataError(f"class_weight keys must be class indices >= 0, got {min(keys)}.")
+    table = np.ones(max(keys) + 1, "float32")
+    for key, value in class_weight.items():
+        table[int(key)] = float(value)
+    return table
+
+
+def _class_weight_map(class_weight):
+    """A `Dataset.map` function folding `class_weight` into the sample weights."""
+    import tensorflow as tf
+
+    table = tf.constant(_class_weight_table(class_weight))
+
+    def apply(*batch):
+        x, y, sample_weight = _unpack(batch if len(batch) > 1 else batch[0])
+        if y is None or tf.nest.is_nested(y):
+            raise DataError("class_weight= needs a dataset yielding (x, y) with a single y.")
+        labels = y
+        if y.shape.rank is not None and y.shape.rank >= 2:
+            labels = tf.argmax(y, axis=-1) if y.shape[-1] != 1 else tf.squeeze(y, axis=-1)
+        labels = tf.cast(tf.round(tf.cast(labels, tf.float32)), tf.int64)
+        inside = (labels >= 0) & (labels < tf.size(table, out_type=tf.int64))
+        weights = tf.where(inside, tf.gather(table, tf.clip_by_value(labels, 0, tf.size(table, out_type=tf.int64) - 1)),
+                           tf.ones_like(labels, tf.float32))
+        if sample_weight is not None:
+            weights = weights * tf.cast(sample_weight, tf.float32)
+        return x, y, weights
+
+    return apply
+
+
+def split_validation(x, y, sample_weight, validation_split):
+    """Keras's `validation_split`: the last fraction of the arrays, taken before shuffling.
+
+    Returns:
+        `((x, y, sample_weight), (val_x, val_y, val_sample_weight))`.
+
+    Raises:
+        DataError: For a fraction outside [0, 1), or data that is not arrays.
+    """
+    if isinstance(validation_split, bool) or not isinstance(validation_split, (int, float)) \
+            or not 0 <= validation_split < 1:
+        raise DataError(f"validation_split={validation_split!r}: pass a fraction in [0, 1), e.g. 0.2.")
+    if not keras_compat.can_convert_arrays((x, y, sample_weight)) or isinstance(x, (str, os.PathLike)):
+        raise DataError(
+            f"validation_split= only works for arrays or tensors (Keras refuses it too), not a "
+            f"{type(x).__name__}: pass validation_data= instead (e.g. a held-out dataset)."
+        )
+    x, y, sample_weight = (_arrays(part) if part is not None else None for part in (x, y, sample_weight))
+    try:
+        return keras_compat.train_validation_split((x, y, sample_weight), validation_split)
+    except ValueError as error:
+        raise DataError(f"validation_split={validation_split}: {error}") from error
+
+
 def _first_dim(structure) -> int | None:
     import tensorflow as tf
 
@@ -48,23 +167,29 @@ def _first_dim(structure) -> int | None:
     return None
 
 
-def _arrays(data, batch_size: int, shuffle: bool, seed: int | None, what: str, repeat: bool) -> PreparedData:
-    import tensorflow as tf
+def _from_arrays(x, y, sample_weight, class_weight, batch_size: int, shuffle, seed, what: str,
+                 repeat: bool) -> PreparedData:
+    import keras
 
-    if not isinstance(data, (tuple, list)) or len(data) not in (2, 3):
-        raise DataError(
-            f"{what} as arrays must be a tuple (x, y) or (x, y, sample_weight), got a {type(data).__name__} "
-            f"of length {len(data) if hasattr(data, '__len__') else '?'}."
-        )
-    parts = [data[0], data[1]] + ([data[2]] if len(data) == 3 else [])
-    names = ("x", "y", "sample_weight")
+    x, y, sample_weight = (_arrays(part) if part is not None else None for part in (x, y, sample_weight))
+    if class_weight is not None:
+        if y is None:
+            raise DataError("class_weight= needs targets: pass y= (class_weight turns each label into a weight).")
+        weights = class_weights_for(y, class_weight)
+        sample_weight = weights if sample_weight is None else keras.tree.map_structure(
+            lambda w: np.asarray(w, "float32") * weights.reshape((-1,) + (1,) * (np.ndim(w) - 1)), sample_weight)
+    elif sample_weight is not None and y is not None and keras.tree.is_nested(y) \
+            and not keras.tree.is_nested(sample_weight):
+        # Keras's rule: one per-sample weight array applies to every output.
+        sample_weight = keras.tree.map_structure(lambda _: sample_weight, y)
     lengths = {}
-    for name, part in zip(names, parts):
-        for leaf in tf.nest.flatten(part):
-            array = np.asarray(leaf)
-            if array.ndim == 0:
+    for name, part in (("x", x), ("y", y), ("sample_weight", sample_weight)):
+        for leaf in keras.tree.flatten(part) if part is not None else []:
+            if np.ndim(leaf) == 0:
                 raise DataError(f"{what}: {name} is a scalar; it must have one row per sample.")
-            lengths[name] = len(array)
+            lengths[name] = len(leaf)
+    if not lengths:
+        raise DataError(f"{what}: x is empty; pass at least one array.")
     if len(set(lengths.values())) > 1:
         detail = ", ".join(f"{k} has {v} rows" for k, v in lengths.items())
         raise DataError(f"{what}: the arrays disagree on the number of samples ({detail}); they must match.")
@@ -73,28 +198,26 @@ def _arrays(data, batch_size: int, shuffle: bool, seed: int | None, what: str, r
         raise DataError(f"{what} is empty: give at least one sample.")
     from kerasfast.data import array_dataset
 
-    # x as the whole (x, y[, w]) tuple makes every element that tuple. The
-    # endless, stateless stream lets a resumed run replay the exact order.
-    dataset = array_dataset(tuple(parts), None, batch_size=batch_size, shuffle=shuffle, seed=seed,
-                            repeat=repeat)
-    sample = tf.nest.map_structure(lambda a: np.asarray(a)[:batch_size], tuple(parts))
+    packed = keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
+    # The whole packed structure as `x` makes every element that structure.
+    # The endless, stateless stream lets a resumed run replay the exact order.
+    dataset = array_dataset(packed, None, batch_size=batch_size, shuffle=bool(shuffle), seed=seed, repeat=repeat)
+    sample = keras.tree.map_structure(lambda a: a[:batch_size], packed)
     facts = DataFacts(batch_size=None, num_samples=num_samples, steps_per_epoch=math.ceil(num_samples / batch_size))
-    return PreparedData(dataset, facts, sample[0], f"NumPy arrays, {num_samples} samples", sample, "arrays")
+    return PreparedData(dataset, facts, _unpack(sample)[0], f"arrays, {num_samples} samples", sample, "arrays")
 
 
-def _dataset(dataset, what: str) -> PreparedData:
+def _dataset(dataset, what: str, class_weight=None) -> PreparedData:
     import tensorflow as tf
 
+    if class_weight is not None:
+        dataset = dataset.map(_class_weight_map(class_weight), num_parallel_calls=tf.data.AUTOTUNE)
     try:
         first = next(iter(dataset.take(1)))
     except StopIteration:
         raise DataError(f"{what} is an empty tf.data.Dataset: it yields no batch.") from None
-    if not isinstance(first, (tuple, list)) or len(first) not in (2, 3):
-        raise DataError(
-            f"{what} must yield (x, y) or (x, y, sample_weight) batches, but yields a {type(first).__name__}: "
-            "map it to a tuple, e.g. dataset.map(lambda d: (d['image'], d['label']))."
-        )
-    batch = _first_dim(first[0])
+    x = _unpack(first)[0]
+    batch = _first_dim(x)
     cardinality = int(dataset.cardinality())
     steps = cardinality if cardinality > 0 else None
     if cardinality == tf.data.INFINITE_CARDINALITY:
@@ -102,7 +225,24 @@ def _dataset(dataset, what: str) -> PreparedData:
     else:
         detail = f"{steps} batches" if steps else "unknown length"
     facts = DataFacts(batch_size=batch, steps_per_epoch=steps)
-    return PreparedData(dataset, facts, first[0], f"tf.data.Dataset, {detail}, batch {batch}", tuple(first))
+    return PreparedData(dataset, facts, x, f"tf.data.Dataset, {detail}, batch {batch}", first)
+
+
+def _from_adapter(x, class_weight, shuffle, what: str) -> PreparedData:
+    """A `keras.utils.PyDataset` or a Python generator, through Keras's own adapter."""
+    try:
+        adapter = keras_compat.data_adapter(x, class_weight=class_weight, shuffle=bool(shuffle))
+    except ValueError as error:
+        raise DataError(f"{what}: {error}") from error
+    first = keras_compat.first_batch(adapter)
+    dataset = adapter.get_tf_dataset()
+    steps = adapter.num_batches
+    batch = _first_dim(_arrays(_unpack(first)[0])) if first is not None else None
+    kind = type(x).__name__
+    facts = DataFacts(batch_size=batch, steps_per_epoch=steps)
+    sample_inputs = _unpack(first)[0]
+    return PreparedData(dataset, facts, sample_inputs,
+                        f"{kind}, {f'{steps} batches' if steps else 'unknown length'}, batch {batch}", first)
 
 
 def _tfrecords(pattern: str, batch_size: int, shuffle: bool, seed: int | None, what: str) -> PreparedData:
@@ -139,19 +279,19 @@ def sharded_tfrecord_stream(pattern: str, strategy, *, global_batch_size: int, s
     return stream_from
 
 
-def prepare_data(data, *, batch_size: int | None, shuffle: bool = True, seed: int | None = None,
-                 what: str = "data", repeat: bool = False) -> PreparedData:
-    """Normalises `data` into a batched dataset and describes it.
+def prepare_data(x, y=None, sample_weight=None, *, batch_size: int | None, class_weight=None,
+                 shuffle=True, seed: int | None = None, what: str = "data", repeat: bool = False) -> PreparedData:
+    """Normalises `fit`'s data arguments into a batched dataset and describes it.
 
     Args:
-        data: A `tf.data.Dataset` (already batched), `(x, y[, w])` arrays, or
-            a TFRecord file, folder or glob pattern written by kerasfast.
-        batch_size: Batch size for arrays and TFRecords; must be None or the
-            dataset's own for a `tf.data.Dataset`.
+        x: Any data form Keras's `fit` takes as `x`, or a TFRecord file,
+            folder or glob pattern written by kerasfast.
+        y, sample_weight: Targets and per-sample weights beside array `x`.
+        batch_size: Batch size for arrays and TFRecords (None: 32).
+        class_weight: `{class index: weight}`, folded into the sample weights.
         shuffle: Shuffle arrays / TFRecords every epoch.
         seed: Shuffle seed.
-        what: How to call the data in error messages ("data",
-            "validation_data").
+        what: How to call the data in error messages.
         repeat: For arrays, return an endless, reproducible stream of
             passes (training); other data is repeated by the caller.
 
@@ -163,44 +303,97 @@ def prepare_data(data, *, batch_size: int | None, shuffle: bool = True, seed: in
     """
     import tensorflow as tf
 
-    if isinstance(data, tf.data.Dataset):
-        return _dataset(data, what)
-    if isinstance(data, (str, os.PathLike)):
-        return _tfrecords(os.fspath(data), batch_size, shuffle, seed, what)
-    if isinstance(data, (tuple, list)):
-        return _arrays(data, batch_size, shuffle, seed, what, repeat)
+    batch_size = batch_size or 32
+    if y is None and sample_weight is None and isinstance(x, tuple) and len(x) in (2, 3):
+        # kerasfast's `fit(model, (x, y[, sample_weight]))` form.
+        x, y, sample_weight = (tuple(x) + (None,))[:3]
+    if isinstance(x, (str, os.PathLike)):
+        _no_arrays_beside(x, y, sample_weight, "a TFRecord path")
+        prepared = _tfrecords(os.fspath(x), batch_size, shuffle, seed, what)
+        if class_weight is not None:
+            weighted = _dataset(prepared.dataset, what, class_weight)
+            prepared.dataset, prepared.sample_batch = weighted.dataset, weighted.sample_batch
+        return prepared
+    if isinstance(x, tf.data.Dataset):
+        _no_arrays_beside(x, y, sample_weight, "a tf.data.Dataset")
+        return _dataset(x, what, class_weight)
+    if keras_compat.can_convert_arrays((x, y, sample_weight)):
+        return _from_arrays(x, y, sample_weight, class_weight, batch_size, shuffle, seed, what, repeat)
+    if x is None:
+        raise DataError(f"{what}: x is None; pass the training data (arrays, a tf.data.Dataset, a PyDataset, ...).")
+    import keras
+
+    if isinstance(x, keras.utils.PyDataset) or hasattr(x, "__next__"):
+        _no_arrays_beside(x, y, sample_weight, f"a {type(x).__name__}")
+        return _from_adapter(x, class_weight, shuffle, what)
     raise DataError(
-        f"{what} of type {type(data).__name__} is not supported: pass a tf.data.Dataset, (x, y) NumPy arrays, "
-        "or a TFRecord path/pattern."
+        f"{what} of type {type(x).__name__} is not supported: pass arrays (NumPy, tensors, pandas; a dict, list or "
+        "tuple of them for several inputs), a tf.data.Dataset, a keras.utils.PyDataset, a generator, or a TFRecord "
+        "path/pattern."
     )
+
+
+def _no_arrays_beside(x, y, sample_weight, kind: str) -> None:
+    for name, value in (("y", y), ("sample_weight", sample_weight)):
+        if value is not None:
+            raise DataError(
+                f"{name}= cannot be given with {kind} as x (Keras refuses it too): the data must carry its own "
+                f"{'targets' if name == 'y' else 'weights'}, e.g. yield (x, y, sample_weight)."
+            )
+
+
+def _input_name(spec) -> str:
+    return getattr(spec, "name", "") or ""
+
+
+def _shapes_compatible(given: tuple, expected: tuple) -> bool:
+    if len(given) == len(expected):
+        return all(e is None or e == g for g, e in zip(given[1:], expected[1:]))
+    # Keras's leniency: a (batch,) feature feeds a (None, 1) input, and the reverse.
+    if len(given) + 1 == len(expected) and expected[-1] == 1:
+        return _shapes_compatible(given + (1,), expected)
+    if len(given) == len(expected) + 1 and given[-1] == 1:
+        return _shapes_compatible(given[:-1], expected)
+    return False
 
 
 def check_inputs_match(model, sample_inputs, what: str = "data") -> None:
     """Raises `DataError` when a batch's inputs cannot feed `model`'s inputs.
 
-    Only checks what the model declares (`model.inputs`); models without
-    declared inputs are checked by building them on the batch.
+    Only checks what the model declares (`model.inputs`): dicts are matched
+    to inputs by name (extra keys are allowed, as in Keras), lists and tuples
+    by position.
     """
-    import tensorflow as tf
+    import keras
 
     declared = getattr(model, "inputs", None)
     if not declared:
         return
-    given = tf.nest.flatten(sample_inputs)
-    if len(given) != len(declared):
-        raise DataError(
-            f"{what} has {len(given)} input tensor(s) but model {model.name!r} takes {len(declared)} "
-            f"({', '.join(getattr(t, 'name', '?') for t in declared)})."
-        )
-    for tensor, spec in zip(given, declared):
+    if isinstance(sample_inputs, dict):
+        names = [_input_name(spec) for spec in declared]
+        missing = [name for name in names if name not in sample_inputs]
+        if missing and len(declared) > 1 or missing and len(sample_inputs) != 1:
+            raise DataError(
+                f"{what} is a dict with keys {sorted(sample_inputs)} but model {model.name!r} needs input(s) "
+                f"{', '.join(repr(n) for n in missing)}: name the dict's keys after the model's Inputs "
+                f"({', '.join(repr(n) for n in names)})."
+            )
+        pairs = [(sample_inputs[_input_name(spec)] if _input_name(spec) in sample_inputs
+                  else next(iter(sample_inputs.values())), spec) for spec in declared]
+    else:
+        given = keras.tree.flatten(sample_inputs)
+        if len(given) != len(declared):
+            raise DataError(
+                f"{what} has {len(given)} input array(s) but model {model.name!r} takes {len(declared)} "
+                f"({', '.join(_input_name(t) or '?' for t in declared)})."
+            )
+        pairs = list(zip(given, declared, strict=True))
+    for tensor, spec in pairs:
         shape = tuple(np.shape(tensor))
         expected = tuple(spec.shape)
-        compatible = len(shape) == len(expected) and all(
-            e is None or e == s for s, e in zip(shape[1:], expected[1:])
-        )
-        if not compatible:
+        if not _shapes_compatible(shape, expected):
             raise DataError(
                 f"{what} has inputs of shape {('batch',) + shape[1:]} but model {model.name!r} input "
-                f"{getattr(spec, 'name', '')!r} expects {('batch',) + expected[1:]}: reshape the data "
+                f"{_input_name(spec)!r} expects {('batch',) + expected[1:]}: reshape the data "
                 f"(e.g. x.reshape(-1, {', '.join(str(d) for d in expected[1:])})) or change the model's Input."
             )

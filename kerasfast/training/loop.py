@@ -61,9 +61,9 @@ def _merge(histories, earlier: dict, first_epoch: int) -> keras.callbacks.Histor
     return merged
 
 
-def run_epochs(model, stream_from, *, plan, epochs: int, callbacks: list, verbose, validation_data=None,
-               backup: Backup | None = None, backup_every: int = 0, progress: Progress | None = None,
-               metric_values=None, seed: int = 0) -> keras.callbacks.History:
+def run_epochs(model, stream_from, *, plan, epochs: int, callbacks: list, verbose, validation: dict | None = None,
+               initial_epoch: int = 0, backup: Backup | None = None, backup_every: int = 0,
+               progress: Progress | None = None, metric_values=None, seed: int = 0) -> keras.callbacks.History:
     """Trains `model` (compiled, built) for the plan's epochs, saving backups and resuming.
 
     Args:
@@ -75,7 +75,10 @@ def run_epochs(model, stream_from, *, plan, epochs: int, callbacks: list, verbos
         epochs: Total epochs of the run.
         callbacks: Callbacks for every `fit` call.
         verbose: Keras verbosity.
-        validation_data: Batched validation dataset or None.
+        validation: Keras's validation arguments for `model.fit`
+            (validation_data, validation_steps, validation_batch_size,
+            validation_freq), or None.
+        initial_epoch: The epoch a fresh (not resumed) run starts at.
         backup: Where to save the state, or None.
         backup_every: Save every this many steps (plus at epoch ends).
         progress: Where a resumed run stands (None for a fresh run).
@@ -87,7 +90,7 @@ def run_epochs(model, stream_from, *, plan, epochs: int, callbacks: list, verbos
         The Keras `History` of the whole run, epochs before a resume included.
     """
     steps = plan.steps_per_epoch
-    epoch, step = (progress.epoch, progress.step) if progress else (0, 0)
+    epoch, step = (progress.epoch, progress.step) if progress else (initial_epoch, 0)
     phases = []
     if step:
         phases.append((epoch, epoch + 1, steps - step, step))
@@ -106,12 +109,12 @@ def run_epochs(model, stream_from, *, plan, epochs: int, callbacks: list, verbos
             extra.append(_RestoreMetrics(metric_values))
         histories.append(model.fit(
             stream_from(done),
-            validation_data=validation_data,
             initial_epoch=first_epoch,
             epochs=last_epoch,
             steps_per_epoch=phase_steps,
             callbacks=extra + callbacks,
             verbose=verbose,
             shuffle=False,  # the dataset shuffles itself; Keras would only warn
+            **(validation or {}),
         ))
     return _merge(histories, earlier, progress.epoch if progress else 0)

@@ -154,39 +154,126 @@ def copy_weights(source, target) -> None:
         dst.assign(keras.ops.cast(src.value, dst.dtype))
 
 
+def _functional_models(model) -> list:
+    """`model` and every Sequential / functional model nested in it."""
+    found = [model] if _is_graph_model(model) else []
+    for layer in model._flatten_layers(include_self=False):
+        if isinstance(layer, keras.Model) and _is_graph_model(layer):
+            found.append(layer)
+    return found
+
+
+def _kept_in_float32(model) -> set[int]:
+    """Layers whose outputs leave a (sub-)model: they stay float32 under a
+    mixed policy, so outputs and losses keep full precision."""
+    kept = set()
+    for graph in _functional_models(model):
+        names = _output_layer_names(graph)
+        kept.update(id(layer) for layer in graph._flatten_layers(include_self=False) if layer.name in names)
+    return kept
+
+
+@contextlib.contextmanager
+def computing_in(model, policy: str, remat: str | None = None):
+    """Runs `model`'s layers under `policy` (and `remat`) inside the block,
+    then puts every layer's own policy and remat mode back.
+
+    Mixed policies keep float32 variables, so switching a built layer's
+    compute dtype in place is exact: nothing is rebuilt or copied, and the
+    model object the user holds is the one that trains. Layers whose outputs
+    leave the model (or a nested functional model) stay float32.
+
+    Args:
+        model: A Keras model (any kind, built or not).
+        policy: A Keras dtype policy name from the plan.
+        remat: A `keras.RematScope` mode, or None.
+
+    Example:
+
+    >>> with computing_in(model, "mixed_bfloat16"):
+    ...     model.layers[0].compute_dtype
+    'bfloat16'
+    >>> model.layers[0].compute_dtype
+    'float32'
+    """
+    from kerasfast.distribute import keras_compat
+
+    kept = _kept_in_float32(model) if policy.startswith("mixed_") else set()
+    mode = keras_compat.remat_mode(remat) if remat else None
+    saved = []
+    for layer in model._flatten_layers(include_self=False):
+        current = getattr(layer, "dtype_policy", None)
+        if current is None or current.name not in FLOAT_POLICIES:
+            continue  # quantised layers and policy maps keep theirs
+        saved.append((layer, current, keras_compat.get_remat(layer)))
+        wanted = "float32" if id(layer) in kept else policy
+        if wanted != current.name:
+            layer.dtype_policy = wanted
+        if mode is not None and not isinstance(layer, keras.Model) and layer.weights:
+            keras_compat.set_remat(layer, mode)
+    try:
+        yield
+    finally:
+        for layer, policy_before, remat_before in saved:
+            if layer.dtype_policy is not policy_before:
+                layer.dtype_policy = policy_before
+            keras_compat.set_remat(layer, remat_before)
+
+
+def copy_optimizer_state(source, target) -> None:
+    """Copies an optimizer's variables (iterations, moments, ...) into another
+    of the same class and configuration, built for the same variables.
+
+    Raises:
+        ModelError: When the two optimizers do not hold the same state.
+    """
+    source_variables, target_variables = list(source.variables), list(target.variables)
+    if len(source_variables) != len(target_variables):
+        raise ModelError(
+            f"cannot carry optimizer state back: {len(source_variables)} vs {len(target_variables)} variables."
+        )
+    for src, dst in zip(source_variables, target_variables, strict=True):
+        dst.assign(keras.ops.cast(src.value, dst.dtype))
+
+
 @dataclasses.dataclass
 class PreparedModel:
     """The model `fit` trains, and how it relates to the user's.
 
     Attributes:
-        train_model: The model that is compiled and trained.
-        user_model: The user's model (None when a builder was given).
-        rebuilt: Whether `train_model` is a rebuilt copy whose weights must be
-            copied back into `user_model` after training.
+        train_model: The model that trains: the user's own model object, or
+            (only under a strategy the model was not created in) its copy
+            rebuilt in the strategy's scope.
+        user_model: The user's model (the builder's result for a builder).
+        rebuilt: Whether `train_model` is a rebuilt copy whose weights and
+            optimizer state are copied back into `user_model` after training.
         how: One line saying what was done, for the plan.
     """
 
     train_model: object
-    user_model: object | None
+    user_model: object
     rebuilt: bool
     how: str
 
 
-def prepare_model(model_or_builder, policy: str, remat: str | None, sample_inputs, *,
-                  strategy=None) -> PreparedModel:
-    """Returns a model computing in `policy`, cloning the user's when needed.
+def prepare_model(model_or_builder, sample_inputs, *, strategy=None, own_steps: bool = False) -> PreparedModel:
+    """Returns the model to train: the user's own, built on a batch if needed.
 
     Args:
         model_or_builder: A Keras model or a zero-argument callable that
-            returns one (called under the policy, so it is built right).
-        policy: Dtype policy name from the plan.
-        remat: Rematerialisation mode from the plan, or None.
+            returns one (called in the strategy's scope).
         sample_inputs: One batch of inputs, used to build unbuilt models.
         strategy: A `tf.distribute.Strategy` whose scope the model's variables
-            must be created in, or None.
+            must live in, or None.
+        own_steps: The model overrides `train_step`: it is never called
+            directly (it may have no `call()`), its own step builds it.
 
     Returns:
         A `PreparedModel`.
+
+    Raises:
+        ModelError: For a builder that returns no model, or a subclassed
+            model created outside the strategy's scope.
     """
 
     def scope():
@@ -194,29 +281,44 @@ def prepare_model(model_or_builder, policy: str, remat: str | None, sample_input
 
     if isinstance(model_or_builder, keras.Model):
         model = model_or_builder
+        if strategy is None or model.distribute_strategy is strategy:
+            if not own_steps:
+                with scope():
+                    _ensure_built(model, sample_inputs)
+            return PreparedModel(model, model, False, "your model object, trained in place")
+        if not _is_graph_model(model) or own_steps:
+            raise ModelError(
+                f"model {model.name!r} ({type(model).__name__}) was created outside the "
+                f"{type(strategy).__name__}'s scope, so its variables cannot be shared by the replicas, and a "
+                "subclassed model cannot be rebuilt safely. Pass a function that builds (and compiles) it: "
+                "kerasfast.fit(lambda: make_model(), ...) is called in the strategy's scope."
+            )
         _ensure_built(model, sample_inputs)
-        under_strategy = strategy is None or model.distribute_strategy is strategy
-        if computes_in(model, policy, remat) and under_strategy:
-            return PreparedModel(model, model, False, f"trained in place: already built under {policy}")
         with scope():
-            clone = clone_under(model, policy, remat)
+            clone = clone_under(model, "float32")
             _ensure_built(clone, sample_inputs)
             copy_weights(model, clone)
-        where = " in the strategy's scope" if strategy is not None else ""
-        return PreparedModel(clone, model, True, f"rebuilt under {policy}{where}, weights carried across and back")
+        return PreparedModel(clone, model, True,
+                             "rebuilt in the strategy's scope; weights and optimizer state carried back after")
     if callable(model_or_builder):
-        with scope(), build_scope(policy, remat):
-            model = model_or_builder()
-        if not isinstance(model, keras.Model):
-            raise ModelError(
-                f"the model builder returned {type(model).__name__}, not a keras.Model: make it return the model."
-            )
         with scope():
-            _ensure_built(model, sample_inputs)
-        return PreparedModel(model, None, False, f"built by your function under {policy}")
+            model = model_or_builder()
+            if not isinstance(model, keras.Model):
+                raise ModelError(
+                    f"the model builder returned {type(model).__name__}, not a keras.Model: make it return the model."
+                )
+            if not own_steps and not _overrides_train_step(model):
+                _ensure_built(model, sample_inputs)
+        return PreparedModel(model, model, False, "built by your function" + (" in the strategy's scope" if strategy else ""))
     raise ModelError(
         f"model must be a keras.Model or a zero-argument function that builds one, not {type(model_or_builder).__name__}."
     )
+
+
+def _overrides_train_step(model) -> bool:
+    from kerasfast.distribute import keras_compat
+
+    return keras_compat.overridden_step(model, "train_step") is not None
 
 
 def _ensure_built(model, sample_inputs) -> None:

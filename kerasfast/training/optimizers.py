@@ -41,37 +41,32 @@ def learning_rate_schedule(plan: Plan):
     return plan.learning_rate
 
 
-def build_optimizer(plan: Plan, user_optimizer=None, *, accumulate: bool = True):
-    """Creates the optimizer for a run.
+def default_optimizer(plan: Plan):
+    """kerasfast's optimizer for a model compiled without one: AdamW with the plan's schedule."""
+    return keras.optimizers.AdamW(learning_rate=learning_rate_schedule(plan), weight_decay=DEFAULT_WEIGHT_DECAY)
 
-    The user's optimizer is re-created from its config (so that it is fresh
-    and built for the model being trained) with the plan's accumulation,
-    clipping and schedule; without one, AdamW with the plan's schedule.
 
-    Args:
-        plan: The resolved plan.
-        user_optimizer: A Keras optimizer instance, its name (e.g. "adam"),
-            or None.
-        accumulate: Let the optimizer accumulate gradients (single device);
-            False when kerasfast's distributed steps accumulate them.
+def copy_of(optimizer):
+    """A fresh optimizer of the same class and configuration (no state)."""
+    template = keras.optimizers.get(optimizer) if isinstance(optimizer, str) else optimizer
+    return template.__class__.from_config(template.get_config())
 
-    Returns:
-        A Keras optimizer; wrapped in a dynamic `LossScaleOptimizer` when the
-        plan's precision is mixed_float16.
+
+def planned_learning_rate(plan: Plan):
+    """The learning rate kerasfast sets on the user's optimizer, or None to keep its own."""
+    if plan.lr_schedule == "optimizer's own" and "learning_rate" not in plan.overridden:
+        return None
+    return learning_rate_schedule(plan)
+
+
+def loss_scaling(optimizer, plan: Plan):
+    """A dynamic `LossScaleOptimizer` around `optimizer` for a float16 plan, else None.
+
+    It applies the user's optimizer (whose state keeps training) and is
+    dropped after the run, so the model keeps the optimizer it was given.
     """
-    if user_optimizer is None:
-        optimizer = keras.optimizers.AdamW(learning_rate=learning_rate_schedule(plan), weight_decay=DEFAULT_WEIGHT_DECAY)
-    else:
-        template = keras.optimizers.get(user_optimizer) if isinstance(user_optimizer, str) else unwrap(user_optimizer)
-        config = template.get_config()
-        if plan.lr_schedule != "optimizer's own" or plan.learning_rate is not None and "learning_rate" in plan.overridden:
-            config["learning_rate"] = learning_rate_schedule(plan)
-        optimizer = template.__class__.from_config(config)
-    optimizer.gradient_accumulation_steps = plan.grad_accum_steps if accumulate and plan.grad_accum_steps > 1 else None
-    if plan.clipnorm is not None:
-        optimizer.clipnorm = None
-        optimizer.clipvalue = None
-        optimizer.global_clipnorm = plan.clipnorm
-    if plan.precision == "mixed_float16":
-        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-    return optimizer
+    if plan.precision != "mixed_float16" or optimizer is None:
+        return None
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return None
+    return keras.optimizers.LossScaleOptimizer(optimizer)

@@ -94,6 +94,9 @@ class ThroughputMeter(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         now = time.perf_counter()
         first, last = self._last_step + 1, batch
+        if self._steps_per_epoch:
+            # Keras numbers an epoch's last, shorter execution as a whole one.
+            last = min(last, self._steps_per_epoch - self._offset - 1)
         if self._first_execution_s is None:
             self._first_execution_s = now - self._last_end
             if self._input_wait_seconds is not None:

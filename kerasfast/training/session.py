@@ -1,0 +1,75 @@
+"""Borrowing the user's model for one `kerasfast.fit`, and giving it back as Keras left it.
+
+During a run kerasfast installs its own train / test functions on the
+model, sets the plan's steps per execution, detaches the model from the
+strategy it was created under (Keras 3.15's symbolic build fails under
+MultiWorkerMirroredStrategy, keras issue 20585), switches layers to the
+plan's precision and may set a learning rate or clipping on the optimizer.
+`borrowed()` makes every such change inside one block and undoes it when the
+block ends, successfully or not, so that afterwards `compile`, `fit`,
+`evaluate` and `predict` behave exactly as if kerasfast had never run. What
+training changes on purpose stays: the weights and the optimizer's state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from kerasfast.distribute import keras_compat
+
+# Set by `DistributedSteps.install()` (the functions) and read by Keras's fit.
+_INSTALLED = ("train_function", "test_function", "make_train_function", "make_test_function")
+
+
+@contextlib.contextmanager
+def model_attributes_restored(model):
+    """Restores kerasfast's installed functions, steps per execution, the
+    creation strategy and `stop_training` on leaving the block."""
+    saved = {name: model.__dict__[name] for name in _INSTALLED if name in model.__dict__}
+    steps_per_execution = model.steps_per_execution
+    strategy = keras_compat.creation_strategy(model)
+    try:
+        yield
+    finally:
+        for name in _INSTALLED:
+            if name in saved:
+                object.__setattr__(model, name, saved[name])
+            elif name in model.__dict__:
+                del model.__dict__[name]
+        model.steps_per_execution = steps_per_execution
+        keras_compat.attach_strategy(model, strategy)
+        model.stop_training = False
+
+
+@contextlib.contextmanager
+def optimizer_settings(optimizer, *, learning_rate=None, clipnorm=None):
+    """Gives `optimizer` the plan's learning rate (a float or a schedule) and
+    global-norm clipping inside the block, and its own back afterwards.
+
+    The optimizer's state (iterations, moments) is untouched: it keeps
+    training and carries over to the next fit.
+    """
+    if optimizer is None or (learning_rate is None and clipnorm is None):
+        yield
+        return
+    from kerasfast.training.optimizers import unwrap
+
+    inner = unwrap(optimizer)
+    saved_rate = inner._learning_rate
+    saved_clip = (inner.clipnorm, inner.clipvalue, inner.global_clipnorm)
+    saved_value = None
+    try:
+        if learning_rate is not None:
+            if isinstance(learning_rate, (int, float)) and hasattr(saved_rate, "assign"):
+                saved_value = saved_rate.numpy()
+                saved_rate.assign(learning_rate)
+            else:
+                inner._learning_rate = learning_rate
+        if clipnorm is not None:
+            inner.clipnorm, inner.clipvalue, inner.global_clipnorm = None, None, clipnorm
+        yield
+    finally:
+        if saved_value is not None:
+            saved_rate.assign(saved_value)
+        inner._learning_rate = saved_rate
+        inner.clipnorm, inner.clipvalue, inner.global_clipnorm = saved_clip
