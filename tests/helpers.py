@@ -19,3 +19,29 @@ def small_convnet(name="convnet"):
 
 def weights_equal(a, b, atol=0.0):
     return all(np.allclose(x, y, atol=atol) for x, y in zip(a.get_weights(), b.get_weights()))
+
+
+class TrainingProbe(keras.callbacks.Callback):
+    """Records, while training runs, what kerasfast set on the model: layer
+    compute dtypes, remat modes, steps per execution and the dtype of the
+    first layer's activations (kerasfast undoes all of it when fit ends)."""
+
+    def __init__(self, probe_inputs=None):
+        super().__init__()
+        self.probe_inputs = probe_inputs
+        self.seen = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.seen is not None:
+            return
+        model = self.model
+        self.seen = {
+            "compute_dtypes": [layer.compute_dtype for layer in model.layers],
+            "variable_dtypes": [layer.variable_dtype for layer in model.layers],
+            "remat": [getattr(getattr(layer, "_remat_mode", None), "mode", None) for layer in model.layers],
+            "steps_per_execution": model.steps_per_execution,
+        }
+        if self.probe_inputs is not None:
+            first = keras.Model(model.inputs[0], model.layers[0].output)
+            self.seen["activation_dtype"] = keras.backend.standardize_dtype(first(self.probe_inputs).dtype)
+            self.seen["output_dtype"] = keras.backend.standardize_dtype(model(self.probe_inputs).dtype)

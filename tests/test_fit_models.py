@@ -6,7 +6,7 @@ import pytest
 
 import kerasfast
 from kerasfast.errors import ModelError
-from tests.helpers import small_convnet
+from tests.helpers import TrainingProbe, small_convnet
 
 FIT = dict(epochs=3, batch_size=64, run_dir=False, verbose=0, seed=0)
 
@@ -94,13 +94,15 @@ def test_model_kinds_train_in_place_for_the_user(digits, build, compiled):
     assert result.history.history["loss"][-1] < result.history.history["loss"][0]
 
 
-def test_builder_callable_is_built_under_the_plan_precision(digits):
+def test_builder_callable_trains_under_the_plan_precision(digits):
     (x, y), _ = digits
+    probe = TrainingProbe()
     result = kerasfast.fit(functional_model, (x, y), loss="sparse_categorical_crossentropy",
-                           precision="mixed_bfloat16", learning_rate=3e-3, **FIT)
+                           precision="mixed_bfloat16", learning_rate=3e-3, callbacks=[probe], **FIT)
     model = result.model
     assert model is result.train_model
-    assert model.layers[1].compute_dtype == "bfloat16"
+    assert probe.seen["compute_dtypes"][1] == "bfloat16"  # while training
+    assert model.layers[1].compute_dtype == "float32"  # a plain float32 model afterwards
     assert "built by your function" in result.model_preparation
     assert _accuracy(model, digits) > 0.5
     assert keras.config.dtype_policy().name == "float32"
@@ -116,28 +118,30 @@ def test_model_already_under_the_plan_policy_trains_in_place(digits):
     assert "in place" in result.model_preparation
 
 
-def test_float32_plan_rebuilds_a_mixed_model_in_float32(digits):
+def test_float32_plan_trains_a_mixed_model_in_float32_and_gives_it_back_mixed(digits):
     (x, y), _ = digits
     keras.config.set_dtype_policy("mixed_bfloat16")
     model = small_convnet()
     keras.config.set_dtype_policy("float32")
-    result = kerasfast.fit(model, (x, y), loss="sparse_categorical_crossentropy", precision="float32", **FIT)
-    assert result.train_model is not model
-    assert all(layer.compute_dtype == "float32" for layer in result.train_model.layers)
-
-
-def test_unclonable_subclassed_model_asks_for_a_builder(digits):
-    (x, y), _ = digits
-    model = UnclonableModel(keras.layers.Dense(10, activation="softmax"))
-    with pytest.raises(ModelError, match="zero-argument function that builds the model"):
-        kerasfast.fit(model, (x, y), loss="sparse_categorical_crossentropy", precision="mixed_bfloat16", **FIT)
-    # The same model trains when no rebuild is needed.
-    result = kerasfast.fit(model, (x, y), loss="sparse_categorical_crossentropy", precision="float32", **FIT)
+    probe = TrainingProbe()
+    result = kerasfast.fit(model, (x, y), loss="sparse_categorical_crossentropy", precision="float32",
+                           callbacks=[probe], **FIT)
     assert result.train_model is model
-    # And through a builder under any precision.
+    assert set(probe.seen["compute_dtypes"]) == {"float32"}
+    assert model.layers[0].compute_dtype == "bfloat16"
+
+
+def test_unclonable_subclassed_model_trains_in_place_under_any_precision(digits):
+    (x, y), _ = digits
+    # No rebuild is needed any more: the layers' policies switch in place.
+    model = UnclonableModel(keras.layers.Dense(10, activation="softmax"))
+    result = kerasfast.fit(model, (x, y), loss="sparse_categorical_crossentropy", precision="mixed_bfloat16", **FIT)
+    assert result.train_model is model and model.head.compute_dtype == "float32"
+    assert result.history.history["loss"][-1] < result.history.history["loss"][0]
+    # And through a builder.
     result = kerasfast.fit(lambda: UnclonableModel(keras.layers.Dense(10, activation="softmax")), (x, y),
                            loss="sparse_categorical_crossentropy", precision="mixed_bfloat16", **FIT)
-    assert result.model.head.compute_dtype == "bfloat16"
+    assert result.plan.precision == "mixed_bfloat16"
 
 
 def test_tf_data_dataset_input(digits):

@@ -13,7 +13,7 @@ import pytest
 import kerasfast
 from kerasfast import costs
 from kerasfast.training.schedules import OneCycle, warmup_cosine
-from tests.helpers import small_convnet
+from tests.helpers import TrainingProbe, small_convnet
 
 QUIET = dict(run_dir=False, verbose=0, seed=0)
 
@@ -32,13 +32,14 @@ def test_gradient_accumulation_equals_one_large_batch(digits):
     """4 accumulated steps of 16 samples give the same update as one step of 64 (SGD, float32)."""
     x, y = _flat_digits(digits)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    common = dict(loss=loss, optimizer=keras.optimizers.SGD(0.5), precision="float32", shuffle=False,
-                  epochs=1, **QUIET)
+    common = dict(loss=loss, precision="float32", shuffle=False, epochs=1, **QUIET)
     large = _dense_model()
     small = _dense_model()
     np.testing.assert_array_equal(large.get_weights()[0], small.get_weights()[0])
-    result_large = kerasfast.fit(large, (x, y), batch_size=64, **common)
-    result_small = kerasfast.fit(small, (x, y), batch_size=16, grad_accum_steps=4, **common)
+    # One optimizer per model, as Keras requires (an optimizer is built for one set of variables).
+    result_large = kerasfast.fit(large, (x, y), batch_size=64, optimizer=keras.optimizers.SGD(0.5), **common)
+    result_small = kerasfast.fit(small, (x, y), batch_size=16, grad_accum_steps=4,
+                                 optimizer=keras.optimizers.SGD(0.5), **common)
     assert result_small.plan.effective_batch_size == 64
     assert result_small.plan.reasons["effective_batch_size"].startswith("16 x 4")
     assert result_small.plan.learning_rate == pytest.approx(0.5)
@@ -46,7 +47,7 @@ def test_gradient_accumulation_equals_one_large_batch(digits):
         np.testing.assert_allclose(a, b, atol=2e-5)
     # Without accumulation the small-batch run takes 4x the updates and lands elsewhere.
     plain = _dense_model()
-    kerasfast.fit(plain, (x, y), batch_size=16, **common)
+    kerasfast.fit(plain, (x, y), batch_size=16, optimizer=keras.optimizers.SGD(0.5), **common)
     assert not np.allclose(plain.get_weights()[0], large.get_weights()[0], atol=1e-3)
 
 
@@ -55,7 +56,8 @@ def test_gradient_accumulation_with_mixed_float16(digits):
     result = kerasfast.fit(_dense_model(), (x, y), batch_size=16, grad_accum_steps=4, precision="mixed_float16",
                            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), epochs=3, **QUIET)
     optimizer = result.train_model.optimizer
-    assert isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    # Loss scaling wraps the optimizer for the run only: the model keeps the one it was compiled with.
+    assert isinstance(optimizer, keras.optimizers.AdamW)
     # 256 samples / 16 = 16 steps per epoch, 3 epochs, one update per 4 steps.
     assert int(optimizer.iterations) == 3 * 16 // 4
     assert result.history.history["loss"][-1] < result.history.history["loss"][0]
@@ -82,13 +84,14 @@ def test_clipnorm_bounds_each_update(digits):
 def test_remat_recomputes_activations_and_trains_the_same(digits):
     x, y = _flat_digits(digits)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    common = dict(batch_size=32, epochs=2, loss=loss, optimizer=keras.optimizers.SGD(0.1), precision="float32",
-                  shuffle=False, **QUIET)
-    plain = kerasfast.fit(_dense_model(), (x, y), **common)
-    remat = kerasfast.fit(_dense_model(), (x, y), remat=True, **common)
+    common = dict(batch_size=32, epochs=2, loss=loss, precision="float32", shuffle=False, **QUIET)
+    probe = TrainingProbe()
+    plain = kerasfast.fit(_dense_model(), (x, y), optimizer=keras.optimizers.SGD(0.1), **common)
+    remat = kerasfast.fit(_dense_model(), (x, y), remat=True, optimizer=keras.optimizers.SGD(0.1),
+                          callbacks=[probe], **common)
     assert remat.plan.remat == "activations"
-    hidden = remat.train_model.layers[0]
-    assert hidden._remat_mode.mode == "activations"
+    assert probe.seen["remat"][0] == "activations"  # while training
+    assert getattr(remat.model.layers[0], "_remat_mode", None) is None  # given back as it was
     assert getattr(plain.train_model.layers[0], "_remat_mode", None) is None
     np.testing.assert_allclose(remat.history.history["loss"], plain.history.history["loss"], rtol=1e-5)
 
@@ -97,16 +100,21 @@ def test_xla_on_a_single_cpu_device_trains(digits):
     (x, y), _ = digits
     result = kerasfast.fit(small_convnet(), (x, y), jit_compile=True, batch_size=64, epochs=2,
                            loss="sparse_categorical_crossentropy", precision="float32", **QUIET)
-    assert result.plan.jit_compile is True
-    assert result.train_model.jit_compile is True
+    assert result.plan.jit_compile is True and result.plan.reasons["jit_compile"] == "requested"
+    # The model keeps its own compile settings afterwards.
+    assert result.model.jit_compile is False
     assert result.history.history["loss"][-1] < result.history.history["loss"][0]
 
 
 def test_steps_per_execution_is_passed_to_keras(digits):
     (x, y), _ = digits
+    probe = TrainingProbe()
     result = kerasfast.fit(small_convnet(), (x, y), batch_size=64, steps_per_execution=7, epochs=1,
-                           loss="sparse_categorical_crossentropy", **QUIET)
-    assert result.train_model.steps_per_execution == 7
+                           loss="sparse_categorical_crossentropy", callbacks=[probe], **QUIET)
+    assert result.plan.steps_per_execution == 7 and probe.seen["steps_per_execution"] == 7
+    assert result.model.steps_per_execution == 1  # the model's own compile setting, given back
+    # The epoch is exactly one pass (23 steps), not rounded up to a multiple of 7.
+    assert result.plan.steps_per_epoch == int(np.ceil(len(x) / 64))
 
 
 def test_default_optimizer_is_adamw_with_warmup_cosine(digits):

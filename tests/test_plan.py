@@ -210,8 +210,10 @@ def test_data_that_does_not_match_the_model_is_a_clear_error(digits):
         kerasfast.fit(small_convnet(), (x.reshape(len(x), 64), y), **FIT)
     with pytest.raises(DataError, match="disagree on the number of samples"):
         kerasfast.fit(small_convnet(), (x, y[:-5]), **FIT)
+    with pytest.raises(DataError, match="needs input"):
+        kerasfast.fit(small_convnet(), {"x": x}, y, **FIT)
     with pytest.raises(DataError, match="not supported"):
-        kerasfast.fit(small_convnet(), {"x": x}, **FIT)
+        kerasfast.fit(small_convnet(), object(), **FIT)
 
 
 def test_unbuilt_model_with_wrong_data_is_a_clear_error(digits):

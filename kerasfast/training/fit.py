@@ -179,7 +179,9 @@ def _start(overrides: Overrides, *, strategy, run_dir, backup_dir, backup_every,
     # before preparing data or model.
     started = threads.runtime_started()
     current = threads.current_threads()
-    early = resolve_plan(hardware, overrides=overrides, run=RunFacts(
+    # The schedule needs the run's length, known only once the data is read.
+    early_overrides = dataclasses.replace(overrides, lr_schedule="auto", warmup_steps="auto", scale_lr=False)
+    early = resolve_plan(hardware, overrides=early_overrides, run=RunFacts(
         tf_runtime_started=started, current_intra_op_threads=current[0], current_inter_op_threads=current[1]))
     if not started:
         threads.configure_threads(early.intra_op_threads, early.inter_op_threads)

@@ -372,14 +372,13 @@ def check_inputs_match(model, sample_inputs, what: str = "data") -> None:
     if isinstance(sample_inputs, dict):
         names = [_input_name(spec) for spec in declared]
         missing = [name for name in names if name not in sample_inputs]
-        if missing and len(declared) > 1 or missing and len(sample_inputs) != 1:
+        if missing:
             raise DataError(
                 f"{what} is a dict with keys {sorted(sample_inputs)} but model {model.name!r} needs input(s) "
                 f"{', '.join(repr(n) for n in missing)}: name the dict's keys after the model's Inputs "
                 f"({', '.join(repr(n) for n in names)})."
             )
-        pairs = [(sample_inputs[_input_name(spec)] if _input_name(spec) in sample_inputs
-                  else next(iter(sample_inputs.values())), spec) for spec in declared]
+        pairs = [(sample_inputs[_input_name(spec)], spec) for spec in declared]
     else:
         given = keras.tree.flatten(sample_inputs)
         if len(given) != len(declared):

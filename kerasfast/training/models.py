@@ -14,7 +14,7 @@ import dataclasses
 
 import keras
 
-from kerasfast.errors import ModelError
+from kerasfast.errors import DataError, ModelError
 
 FLOAT_POLICIES = ("float32", "float16", "bfloat16", "float64", "mixed_float16", "mixed_bfloat16")
 
@@ -322,8 +322,23 @@ def _overrides_train_step(model) -> bool:
 
 
 def _ensure_built(model, sample_inputs) -> None:
+    """Builds an unbuilt model on one batch.
+
+    A Sequential or functional model is made of Keras layers, so a failure
+    there means the data does not fit it (`DataError`); an error from a
+    subclassed model's own `call` propagates with its own type.
+    """
     if model.built and getattr(model, "inputs", None) is not None:
         return
     if model.built and not _is_graph_model(model):
         return
-    model(sample_inputs, training=False)
+    if not _is_graph_model(model):
+        model(sample_inputs, training=False)
+        return
+    try:
+        model(sample_inputs, training=False)
+    except (ValueError, TypeError) as error:
+        raise DataError(
+            f"model {model.name!r} could not be run on a batch of the data: {error}. Check that the data's inputs "
+            "(shape, dtype, number of inputs) match what the model expects."
+        ) from error
