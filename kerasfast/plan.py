@@ -621,13 +621,13 @@ def resolve_plan(
     if batch_size is not None and (not _is_int(batch_size) or batch_size < 1):
         raise PlanError(f"batch_size={batch_size!r} is not valid: use a positive integer.")
     if data.batch_size is not None:
-        if batch_size is not None and batch_size != data.batch_size:
-            raise PlanError(
-                f"batch_size={batch_size} but the dataset is already batched by {data.batch_size}: "
-                "drop batch_size= or re-batch the dataset (dataset.unbatch().batch(N))."
-            )
         global_batch = data.batch_size
         reasons["global_batch_size"] = f"{global_batch}: set by the dataset"
+        if batch_size is not None and batch_size != data.batch_size:
+            # Keras's fit ignores batch_size for data that comes batched.
+            reasons["global_batch_size"] += (f"; batch_size={batch_size} ignored, as Keras ignores it for batched "
+                                             "data (re-batch with dataset.unbatch().batch(N) to change it)")
+            overridden.remove("global_batch_size")
     elif batch_size is not None:
         global_batch = batch_size
         reasons["global_batch_size"] = "requested"

@@ -234,8 +234,11 @@ def test_batch_size_conflicting_with_a_batched_dataset(digits):
 
     (x, y), _ = digits
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
-    with pytest.raises(PlanError, match="already batched by 32"):
-        kerasfast.fit(small_convnet(), dataset, **FIT)
+    # As in Keras, batch_size= is ignored for data that comes batched; the plan says so.
+    result = kerasfast.fit(small_convnet(), dataset, **FIT)  # FIT has batch_size=64
+    assert result.plan.global_batch_size == 32
+    assert "batch_size=64 ignored" in result.plan.reasons["global_batch_size"]
+    assert "global_batch_size" not in result.plan.overridden
 
 
 def test_plan_is_printed_unless_silent(digits, capsys):

@@ -132,3 +132,10 @@ def first_batch(adapter):
     if batches:
         return batches[0]
     return adapter.py_dataset[0]  # a PyDataset is indexable
+
+
+def tensors(structure):
+    """A batch as tensors (lists made tuples, as Keras's adapters yield them)."""
+    import tensorflow as tf
+
+    return keras.tree.map_structure(tf.convert_to_tensor, keras.tree.lists_to_tuples(structure))

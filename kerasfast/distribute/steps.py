@@ -128,6 +128,10 @@ class DistributedSteps:
             loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
             scaled = self.optimizer.scale_loss(loss)
         gradients = tape.gradient(scaled, model.trainable_variables)
+        if self.strategy.num_replicas_in_sync > 1:
+            # Sparse (embedding) gradients differ in size between replicas,
+            # which the packed all-reduce inside a loop cannot combine.
+            gradients = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients]
         return loss, y_pred, gradients
 
     def _track(self, x, y, y_pred, sample_weight, loss):

@@ -110,6 +110,25 @@ def _default_timeout() -> int:
     return int(os.environ.get("KERASFAST_COLLECTIVE_TIMEOUT", DEFAULT_COLLECTIVE_TIMEOUT_S))
 
 
+_MIRRORED: dict = {}
+
+
+def _mirrored(devices):
+    """One MirroredStrategy per set of devices for the whole process.
+
+    Each new strategy numbers its collective operations from the same start,
+    and TensorFlow keeps the first shapes seen under a number: a second
+    strategy training another model in the same process would all-reduce
+    mismatched tensors ("Shape mismatch in the collective instance").
+    """
+    import tensorflow as tf
+
+    key = tuple(devices)
+    if key not in _MIRRORED:
+        _MIRRORED[key] = tf.distribute.MirroredStrategy(list(devices))
+    return _MIRRORED[key]
+
+
 def multi_worker_strategy(timeout_seconds: int | None = None):
     """The process's MultiWorkerMirroredStrategy, created on first use.
 
@@ -211,11 +230,11 @@ def resolve_strategy(requested="auto", hardware: Hardware | None = None) -> Dist
                 f"{len(devices)}: use strategy='none', or split a CPU with "
                 "tf.config.set_logical_device_configuration before TensorFlow starts."
             )
-        strategy = tf.distribute.MirroredStrategy(devices)
+        strategy = _mirrored(devices)
         return Distribution(strategy, "mirrored", len(devices), cluster,
                             f"requested: MirroredStrategy over {len(devices)} {'CPU' if on_cpu else 'GPU'} devices")
     if not on_cpu and len(devices) > 1:
-        strategy = tf.distribute.MirroredStrategy(devices)
+        strategy = _mirrored(devices)
         return Distribution(strategy, "mirrored", len(devices), cluster,
                             f"auto: {len(devices)} GPUs on this machine")
     where = "GPU" if not on_cpu else "device"

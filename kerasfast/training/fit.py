@@ -300,10 +300,23 @@ def _has_added_losses(model) -> bool:
 def _build_state(model, plan: Plan, sample_batch) -> None:
     """Creates model, loss, metric and optimizer variables before the first trace."""
     if plan.train_step == "yours":
-        # Never call a model with its own train_step (it may have no call());
-        # its optimizer is built where Keras's own symbolic build would.
-        if model.optimizer is not None and not model.optimizer.built and model.built and plan.strategy != "none":
+        # Never call a model with its own train_step (it may have no call()).
+        # On one device its optimizers build lazily in the first, loop-free
+        # execution; a strategy cannot create variables there, so they are
+        # built now, as Keras's own symbolic build would.
+        if plan.strategy == "none":
+            return
+        if model.optimizer is not None and not model.optimizer.built and model.trainable_variables:
             model.optimizer.build(model.trainable_variables)
+        unbuilt = [name for name, value in vars(model).items()
+                   if isinstance(value, keras.optimizers.Optimizer) and value is not model.optimizer
+                   and not value.built]
+        if unbuilt:
+            raise PlanError(
+                f"under a {plan.strategy} strategy the optimizers your train_step uses must exist before training, "
+                f"but {', '.join(unbuilt)} is not built yet: build it in your builder, e.g. "
+                f"model.{unbuilt[0]}.build(model.<sub_model>.trainable_variables)."
+            )
         return
     keras_compat.build_state(model, sample_batch)
 

@@ -163,7 +163,8 @@ def _first_dim(structure) -> int | None:
     import tensorflow as tf
 
     for tensor in tf.nest.flatten(structure):
-        return int(tensor.shape[0]) if tensor.shape.rank else None
+        shape = tuple(tensor.shape)
+        return int(shape[0]) if shape and shape[0] is not None else None
     return None
 
 
@@ -202,7 +203,10 @@ def _from_arrays(x, y, sample_weight, class_weight, batch_size: int, shuffle, se
     # The whole packed structure as `x` makes every element that structure.
     # The endless, stateless stream lets a resumed run replay the exact order.
     dataset = array_dataset(packed, None, batch_size=batch_size, shuffle=bool(shuffle), seed=seed, repeat=repeat)
-    sample = keras.tree.map_structure(lambda a: a[:batch_size], packed)
+    import tensorflow as tf
+
+    # As tensors: NumPy object arrays (pandas strings) have no Keras dtype.
+    sample = keras.tree.map_structure(lambda a: tf.convert_to_tensor(a[:batch_size]), packed)
     facts = DataFacts(batch_size=None, num_samples=num_samples, steps_per_epoch=math.ceil(num_samples / batch_size))
     return PreparedData(dataset, facts, _unpack(sample)[0], f"arrays, {num_samples} samples", sample, "arrays")
 
@@ -237,7 +241,8 @@ def _from_adapter(x, class_weight, shuffle, what: str) -> PreparedData:
     first = keras_compat.first_batch(adapter)
     dataset = adapter.get_tf_dataset()
     steps = adapter.num_batches
-    batch = _first_dim(_arrays(_unpack(first)[0])) if first is not None else None
+    first = keras_compat.tensors(first)
+    batch = _first_dim(_unpack(first)[0])
     kind = type(x).__name__
     facts = DataFacts(batch_size=batch, steps_per_epoch=steps)
     sample_inputs = _unpack(first)[0]

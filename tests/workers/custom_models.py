@@ -1,0 +1,55 @@
+"""A worker of a distributed drop-in test: trains the keras-io VAE (its own
+`train_step`, no `call()`, x only) and the multi-input multi-output ticket
+model (dicts by name) with `kerasfast.fit`, and writes each one's History and
+final weights.
+
+    python tests/workers/custom_models.py OUT_DIR STRATEGY
+
+STRATEGY "mirrored" splits the CPU into 2 logical devices first; under
+"multi_worker" the script is started by `kerasfast launch` (TF_CONFIG).
+"""
+
+import json
+import os
+import pathlib
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+
+out_dir, strategy = pathlib.Path(sys.argv[1]), sys.argv[2]
+
+import tensorflow as tf  # noqa: E402
+
+if strategy == "mirrored":
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+
+import kerasfast  # noqa: E402
+
+kerasfast.distribute.setup()  # multi-worker: before any tensor exists
+
+import numpy as np  # noqa: E402
+
+from tests import kerasio_models  # noqa: E402
+
+index = kerasfast.distribute.cluster_from_env().index
+results = {}
+for name in ("vae", "ticket_model"):
+    build = getattr(kerasio_models, f"build_{name}")
+    data = getattr(kerasio_models, f"data_{name}")()
+    data.pop("shuffle", None)
+    data["epochs"] = 2  # enough to see the loss fall; keeps the two-process run short
+    # A builder: kerasfast calls it in the strategy's scope, as Keras requires.
+    result = kerasfast.fit(build, **data, strategy=strategy, run_dir=False, verbose=0, seed=0)
+    np.savez(out_dir / f"{name}.worker{index}.npz", *[w.astype("float64") for w in result.model.get_weights()])
+    replica_gap = 0.0
+    for variable in result.model.weights:
+        copies = getattr(getattr(variable, "_value", None), "values", None)
+        if copies and len(copies) > 1:
+            values = [np.asarray(c.numpy(), dtype="float64") for c in copies]
+            replica_gap = max(replica_gap, max(float(np.max(np.abs(v - values[0]))) for v in values))
+    results[name] = {"history": result.history.history, "replicas": result.plan.num_replicas,
+                     "train_step": result.plan.train_step, "replica_gap": replica_gap}
+(out_dir / f"results.worker{index}.json").write_text(json.dumps(results))
+print(f"worker {index} done")
