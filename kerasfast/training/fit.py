@@ -537,11 +537,15 @@ def _validation_arguments(validation_data, batch_size, steps, freq, train_data) 
     """Keras's own validation arguments; kerasfast only reads TFRecord paths itself."""
     if validation_data is None:
         return {}
-    if isinstance(validation_data, (str, os.PathLike)):
+    if isinstance(validation_data, (tuple, list)) and 2 <= len(validation_data) <= 3:
+        validation_data = tuple(validation_data)
+    if isinstance(validation_data, (str, os.PathLike)) or steps is not None:
+        # kerasfast's evaluation runs whole executions until the data ends, so
+        # validation_steps is applied to the data itself.
         validation_data = prepare_data(validation_data, batch_size=batch_size or train_data.facts.batch_size,
                                        shuffle=False, what="validation_data").dataset
-    elif isinstance(validation_data, (tuple, list)) and 2 <= len(validation_data) <= 3:
-        validation_data = tuple(validation_data)
+        if steps is not None:
+            validation_data, steps = validation_data.take(steps), None
     return {"validation_data": validation_data, "validation_steps": steps, "validation_freq": freq,
             "validation_batch_size": batch_size or train_data.facts.batch_size or 32}
 

@@ -1,0 +1,178 @@
+"""kerasfast.fit as a drop-in for model.fit: the same weights for every Keras
+fit argument, the model given back as Keras would leave it, reproducible
+runs, and errors that keep their kind."""
+
+import keras
+import numpy as np
+import pandas as pd
+import pytest
+import tensorflow as tf
+
+import kerasfast
+
+# Same batches in the same order, same float32 math through another step
+# function: the weights agree to float32 rounding accumulated over the updates.
+PARITY_ATOL = 2e-5
+
+
+def _model(seed=4):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(12, activation="tanh"),
+                              keras.layers.Dense(3, activation="softmax")])
+    model.compile(keras.optimizers.SGD(0.2), "sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def _data(n=200):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(n, 6)).astype("float32")
+    y = np.argmax(x[:, :3] + 0.3 * x[:, 3:], axis=1)
+    return x, y
+
+
+def _assert_same_weights(a, b):
+    for left, right in zip(a.get_weights(), b.get_weights(), strict=True):
+        np.testing.assert_allclose(left, right, atol=PARITY_ATOL)
+
+
+X, Y = _data()
+W = np.linspace(0.2, 2.0, len(X)).astype("float32")
+ARGUMENTS = {
+    "x_y": dict(x=X, y=Y, batch_size=16, epochs=2),
+    "odd_last_batch": dict(x=X, y=Y, batch_size=23, epochs=2),
+    "validation_split": dict(x=X, y=Y, batch_size=16, epochs=2, validation_split=0.25),
+    "class_weight": dict(x=X, y=Y, batch_size=16, epochs=2, class_weight={0: 1.0, 1: 3.0, 2: 0.5}),
+    "sample_weight": dict(x=X, y=Y, batch_size=16, epochs=2, sample_weight=W),
+    "initial_epoch": dict(x=X, y=Y, batch_size=16, epochs=3, initial_epoch=1),
+    # 3 x 4 steps stay within one pass of 13 batches: past it, Keras's arrays run
+    # out mid-epoch (a warning, a short epoch) where kerasfast's stream repeats.
+    "steps_per_epoch": dict(x=X, y=Y, batch_size=16, epochs=3, steps_per_epoch=4),
+    "validation_freq": dict(x=X, y=Y, batch_size=16, epochs=3, validation_data=(X[:50], Y[:50]), validation_freq=2,
+                            validation_batch_size=25, validation_steps=1),
+    "pandas": dict(x=pd.DataFrame(X), y=pd.Series(Y), batch_size=16, epochs=2),
+    "dataset": dict(x=tf.data.Dataset.from_tensor_slices((X, Y)).batch(16), epochs=2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ARGUMENTS))
+def test_each_keras_fit_argument_gives_the_weights_keras_gives(name):
+    arguments = ARGUMENTS[name]
+    keras_model, ours = _model(), _model()
+    history = keras_model.fit(**arguments, shuffle=False, verbose=0)
+    result = kerasfast.fit(ours, **arguments, shuffle=False, precision="float32", run_dir=False, verbose=0)
+    _assert_same_weights(keras_model, ours)
+    assert int(ours.optimizer.iterations) == int(keras_model.optimizer.iterations)
+    assert sorted(result.history.history) == sorted(history.history)
+    for key, values in history.history.items():
+        np.testing.assert_allclose(result.history.history[key], values, atol=1e-4, err_msg=key)
+    assert result.history.epoch == history.epoch
+
+
+def test_class_weight_multiplies_into_sample_weight():
+    """Keras 3.15 refuses the two together; kerasfast multiplies them (as tf.keras did):
+    the same weights as Keras trained with their product as sample_weight."""
+    class_weight = {0: 1.0, 1: 3.0, 2: 0.5}
+    product = W * np.array([class_weight[int(c)] for c in Y], "float32")
+    keras_model, ours = _model(), _model()
+    keras_model.fit(X, Y, sample_weight=product, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    kerasfast.fit(ours, X, Y, sample_weight=W, class_weight=class_weight, batch_size=16, epochs=2, shuffle=False,
+                  precision="float32", run_dir=False, verbose=0)
+    _assert_same_weights(keras_model, ours)
+
+
+def test_validation_split_is_refused_for_a_dataset_as_keras_refuses_it():
+    with pytest.raises(kerasfast.DataError, match="validation_split= only works for arrays"):
+        kerasfast.fit(_model(), ARGUMENTS["dataset"]["x"], validation_split=0.2, run_dir=False, verbose=0)
+
+
+def test_after_kerasfast_the_model_is_plain_keras_again():
+    model = _model()
+    optimizer = model.optimizer
+    kerasfast.fit(model, X, Y, batch_size=20, epochs=3, run_dir=False, verbose=0)
+    assert model.optimizer is optimizer and int(optimizer.iterations) == 30
+    assert "make_train_function" not in model.__dict__ and model.train_function is None
+    # A second kerasfast.fit continues the same optimizer.
+    kerasfast.fit(model, X, Y, batch_size=20, epochs=1, run_dir=False, verbose=0)
+    assert int(optimizer.iterations) == 40
+    # Recompiled with a zero learning rate, Keras's own fit must not move the
+    # weights, and must report the true loss.
+    model.compile(keras.optimizers.SGD(learning_rate=0.0), "sparse_categorical_crossentropy")
+    before = [w.copy() for w in model.get_weights()]
+    history = model.fit(X, Y, batch_size=200, epochs=1, shuffle=False, verbose=0)
+    for a, b in zip(before, model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    true_loss = model.evaluate(X, Y, batch_size=200, verbose=0, return_dict=True)["loss"]
+    assert abs(history.history["loss"][0] - float(true_loss)) < 1e-4 * float(true_loss)
+    assert history.history["loss"][0] > 0.05
+
+
+def test_a_learning_rate_lowered_by_a_callback_carries_over():
+    model = _model()
+    lower = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: model.optimizer.learning_rate.assign(0.05))
+    kerasfast.fit(model, X, Y, batch_size=20, epochs=1, callbacks=[lower], run_dir=False, verbose=0)
+    assert float(model.optimizer.learning_rate) == pytest.approx(0.05)
+
+
+def test_set_random_seed_makes_runs_repeat_exactly():
+    def run():
+        keras.utils.set_random_seed(11)
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(16, activation="relu"),
+                                  keras.layers.Dropout(0.3), keras.layers.Dense(3, activation="softmax")])
+        model.compile("adam", "sparse_categorical_crossentropy")
+        kerasfast.fit(model, X, Y, batch_size=16, epochs=2, run_dir=False, verbose=0)  # shuffled, seed=None
+        return model.get_weights()
+
+    first, second = run(), run()
+    for a, b in zip(first, second, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_an_error_from_the_users_own_model_code_keeps_its_type():
+    class Broken(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(3)
+
+        def call(self, x):
+            raise KeyError("my model's own bug")
+
+    model = Broken()
+    model.compile("sgd", "mse")
+    with pytest.raises(KeyError, match="my model's own bug"):
+        kerasfast.fit(model, X, np.zeros((len(X), 3), "float32"), run_dir=False, verbose=0)
+
+
+def test_unknown_option_names_the_closest_one():
+    with pytest.raises(kerasfast.PlanError, match="did you mean 'precision'"):
+        kerasfast.fit(_model(), X, Y, precison="float32", run_dir=False, verbose=0)
+
+
+def test_user_compile_settings_are_honoured_and_given_back():
+    model = _model()
+    model.compile(keras.optimizers.SGD(0.2), "sparse_categorical_crossentropy", steps_per_execution=5,
+                  jit_compile=True)
+    result = kerasfast.fit(model, X, Y, batch_size=20, epochs=1, precision="float32", run_dir=False, verbose=0)
+    assert result.plan.steps_per_execution == 5 and "your compile" in result.plan.reasons["steps_per_execution"]
+    assert result.plan.jit_compile is True and "your compile" in result.plan.reasons["jit_compile"]
+    assert model.steps_per_execution == 5 and model.jit_compile is True
+
+
+def test_a_custom_train_step_cannot_take_gradient_accumulation():
+    class Own(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(3)
+
+        def call(self, x):
+            return self.dense(x)
+
+        def train_step(self, data):
+            return super().train_step(data)
+
+    model = Own()
+    model.compile("sgd", "mse")
+    with pytest.raises(kerasfast.PlanError, match="grad_accum_steps= needs kerasfast's own train step"):
+        kerasfast.fit(model, X, np.zeros((len(X), 3), "float32"), grad_accum_steps=2, run_dir=False, verbose=0)
+    # Without it, the model's own step runs.
+    result = kerasfast.fit(model, X, np.zeros((len(X), 3), "float32"), run_dir=False, verbose=0)
+    assert result.plan.train_step == "yours" and "Own.train_step" in result.plan.reasons["train_step"]
