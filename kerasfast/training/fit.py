@@ -514,7 +514,14 @@ def fit(
             from kerasfast.compress import apply_pruning, pruning_for_run
 
             with tf_strategy.scope() if tf_strategy is not None else contextlib.nullcontext():
-                pruned_layers = apply_pruning(train_model, pruning_for_run(prune, plan.total_steps))
+                config = pruning_for_run(prune, plan.total_steps)
+                # The schedule counts the optimizer's updates, which carry on
+                # from earlier fits of the same model: it starts at this run's first.
+                done = int(train_model.optimizer.iterations)
+                if done and config.end_step is not None:
+                    config = dataclasses.replace(config, begin_step=config.begin_step + done,
+                                                 end_step=config.end_step + done)
+                pruned_layers = apply_pruning(train_model, config)
         if train_data.source == "tfrecords" and distribution.name == "multi_worker":
             stream_from = sharded_tfrecord_stream(os.fspath(x), tf_strategy, global_batch_size=plan.global_batch_size,
                                                   shuffle=shuffle, seed=start.seed)
