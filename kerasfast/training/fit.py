@@ -280,6 +280,13 @@ def _compile_for_run(model, plan: Plan, *, loss, optimizer, metrics) -> None:
             )
         raise PlanError(f"{own_compile} must be called before kerasfast.fit (as before model.fit).")
     settings = keras_compat.compile_config(model)
+    given_optimizer = given.get("optimizer")
+    if isinstance(given_optimizer, keras.optimizers.Optimizer) and not given_optimizer.built \
+            and tf.distribute.has_strategy() \
+            and getattr(given_optimizer, "_distribution_strategy", None) is not tf.distribute.get_strategy():
+        # An optimizer object made outside the strategy's scope cannot create
+        # its variables there; unbuilt, it has no state to lose in a copy.
+        given["optimizer"] = optimizers.copy_of(given_optimizer)
     settings.update(given)
     if settings.get("loss") is None and plan.train_step == "kerasfast" and not _has_added_losses(model):
         raise PlanError(
