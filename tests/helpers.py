@@ -45,3 +45,15 @@ class TrainingProbe(keras.callbacks.Callback):
             first = keras.Model(model.inputs[0], model.layers[0].output)
             self.seen["activation_dtype"] = keras.backend.standardize_dtype(first(self.probe_inputs).dtype)
             self.seen["output_dtype"] = keras.backend.standardize_dtype(model(self.probe_inputs).dtype)
+
+
+def replica_gap(model) -> float:
+    """Largest difference between the per-device copies of any variable
+    (MirroredStrategy keeps one copy per device; 0.0 on one device)."""
+    gap = 0.0
+    for variable in model.weights:
+        copies = getattr(getattr(variable, "_value", None), "values", None)
+        if copies and len(copies) > 1:
+            values = [np.asarray(c.numpy(), dtype="float64") for c in copies]
+            gap = max(gap, max(float(np.max(np.abs(v - values[0]))) for v in values))
+    return gap

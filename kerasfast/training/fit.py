@@ -33,9 +33,9 @@ from kerasfast import costs, threads
 from kerasfast.distribute import DistributedSteps, keras_compat, resolve_strategy
 from kerasfast.distribute.consensus import check_same_plan, chief_value
 from kerasfast.distribute.failures import lost_peer_errors
-from kerasfast.errors import DataError, ModelError, PlanError
+from kerasfast.errors import PlanError
 from kerasfast.hardware import detect_hardware
-from kerasfast.plan import ModelFacts, Overrides, Plan, RunFacts, compute_dtype, keras_policy, resolve_plan
+from kerasfast.plan import ModelFacts, Overrides, Plan, _is_int, RunFacts, compute_dtype, keras_policy, resolve_plan
 from kerasfast.runs import DEFAULT_ROOT, new_run_dir, save_model, write_json
 from kerasfast.training import optimizers
 from kerasfast.training.inputs import check_inputs_match, prepare_data, sharded_tfrecord_stream, split_validation
@@ -138,7 +138,7 @@ def _op_determinism() -> bool:
 
 def _check_run_arguments(epochs, initial_epoch, validation_freq, steps_per_epoch, validation_steps) -> None:
     for name, value, low in (("epochs", epochs, 1), ("initial_epoch", initial_epoch, 0)):
-        if not plan_is_int(value) or value < low:
+        if not _is_int(value) or value < low:
             raise PlanError(f"{name}={value!r} is not valid: use an integer >= {low}.")
     if initial_epoch >= epochs:
         raise PlanError(
@@ -146,15 +146,11 @@ def _check_run_arguments(epochs, initial_epoch, validation_freq, steps_per_epoch
             "the last epoch (as in Keras), so pass epochs > initial_epoch."
         )
     for name, value in (("steps_per_epoch", steps_per_epoch), ("validation_steps", validation_steps)):
-        if value is not None and (not plan_is_int(value) or value < 1):
+        if value is not None and (not _is_int(value) or value < 1):
             raise PlanError(f"{name}={value!r} is not valid: use an integer >= 1 or None.")
-    if not (plan_is_int(validation_freq) and validation_freq >= 1) and not (
-            isinstance(validation_freq, (list, tuple, set)) and all(plan_is_int(v) for v in validation_freq)):
+    if not (_is_int(validation_freq) and validation_freq >= 1) and not (
+            isinstance(validation_freq, (list, tuple, set)) and all(_is_int(v) for v in validation_freq)):
         raise PlanError(f"validation_freq={validation_freq!r} is not valid: use an integer >= 1 or a list of epochs.")
-
-
-def plan_is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclasses.dataclass
@@ -219,7 +215,7 @@ def _model_facts(model, train_data, optimizer) -> ModelFacts:
         user_learning_rate=optimizers.constant_learning_rate(template) if template is not None else None,
         custom_train_step=own_step,
         compile_jit_compile=settings.get("jit_compile", "auto"),
-        compile_steps_per_execution=spe if plan_is_int(spe) else 1,
+        compile_steps_per_execution=spe if _is_int(spe) else 1,
         run_eagerly=bool(settings.get("run_eagerly")),
         loss_scaled=isinstance(template, keras.optimizers.LossScaleOptimizer),
     )

@@ -61,9 +61,7 @@ def _as_array(leaf):
         return None
     if hasattr(leaf, "to_numpy") and not hasattr(leaf, "numpy"):  # pandas DataFrame / Series
         return leaf.to_numpy()
-    if hasattr(leaf, "numpy") and not isinstance(leaf, np.ndarray):  # tf / Keras tensors
-        return np.asarray(leaf)
-    return np.asarray(leaf)
+    return np.asarray(leaf)  # NumPy arrays, tf / Keras tensors, lists of numbers
 
 
 def _arrays(structure):

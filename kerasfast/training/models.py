@@ -43,34 +43,6 @@ def build_scope(policy: str, remat: str | None = None):
         keras.config.set_dtype_policy(previous)
 
 
-def _weighted_layers(model) -> list:
-    return [layer for layer in model._flatten_layers(include_self=False) if layer.weights]
-
-
-def _remat_mode(layer) -> str | None:
-    mode = getattr(layer, "_remat_mode", None)
-    return getattr(mode, "mode", None)
-
-
-def computes_in(model, policy: str, remat: str | None = None) -> bool:
-    """Whether `model` was built under `policy` (and `remat`), so it can train as is.
-
-    A model counts as built under a mixed policy when any weighted layer uses
-    it (output layers are often deliberately kept in float32), and as float32
-    when every weighted layer is float32.
-    """
-    layers = _weighted_layers(model)
-    if not layers:
-        return keras.config.dtype_policy().name == policy and not remat
-    names = {layer.dtype_policy.name for layer in layers}
-    if policy == "float32":
-        dtype_ok = names == {"float32"}
-    else:
-        dtype_ok = policy in names
-    remat_ok = not remat or all(_remat_mode(layer) == remat for layer in layers)
-    return dtype_ok and remat_ok
-
-
 def _output_layer_names(model) -> set[str]:
     if isinstance(model, keras.Sequential):
         return {model.layers[-1].name} if model.layers else set()

@@ -31,6 +31,8 @@ kerasfast.distribute.setup()  # multi-worker: before any tensor exists
 
 import numpy as np  # noqa: E402
 
+from tests.helpers import replica_gap as replica_gap_of  # noqa: E402
+
 from tests import kerasio_models  # noqa: E402
 
 index = kerasfast.distribute.cluster_from_env().index
@@ -43,12 +45,7 @@ for name in ("vae", "ticket_model"):
     # A builder: kerasfast calls it in the strategy's scope, as Keras requires.
     result = kerasfast.fit(build, **data, strategy=strategy, run_dir=False, verbose=0, seed=0)
     np.savez(out_dir / f"{name}.worker{index}.npz", *[w.astype("float64") for w in result.model.get_weights()])
-    replica_gap = 0.0
-    for variable in result.model.weights:
-        copies = getattr(getattr(variable, "_value", None), "values", None)
-        if copies and len(copies) > 1:
-            values = [np.asarray(c.numpy(), dtype="float64") for c in copies]
-            replica_gap = max(replica_gap, max(float(np.max(np.abs(v - values[0]))) for v in values))
+    replica_gap = replica_gap_of(result.model)  # per-device copies of each variable agree
     results[name] = {"history": result.history.history, "replicas": result.plan.num_replicas,
                      "train_step": result.plan.train_step, "replica_gap": replica_gap}
 (out_dir / f"results.worker{index}.json").write_text(json.dumps(results))

@@ -29,6 +29,8 @@ kerasfast.distribute.setup()  # multi-worker: before any tensor exists
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
+from tests.helpers import replica_gap as replica_gap_of  # noqa: E402
+
 from kerasfast import datasets  # noqa: E402
 
 (x, y), _ = datasets.digits()
@@ -51,14 +53,7 @@ for config in configs:
         )
         weights = [w.astype("float64") for w in result.model.get_weights()]
         np.savez(out_dir / f"{name}.worker{index}.npz", *weights)
-        # Under MirroredStrategy each variable has one copy per device: they
-        # must agree as closely as separate workers' weights do.
-        replica_gap = 0.0
-        for variable in result.train_model.weights:
-            copies = getattr(getattr(variable, "_value", None), "values", None)
-            if copies and len(copies) > 1:
-                values = [np.asarray(c.numpy(), dtype="float64") for c in copies]
-                replica_gap = max(replica_gap, max(float(np.max(np.abs(v - values[0]))) for v in values))
+        replica_gap = replica_gap_of(result.train_model)  # per-device copies of each variable agree
         results[name] = {"loss": result.history.history["loss"], "replicas": result.plan.num_replicas,
                          "strategy": result.plan.strategy, "replica_gap": replica_gap,
                          "steps_per_epoch": result.plan.steps_per_epoch}
