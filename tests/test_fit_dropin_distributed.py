@@ -42,6 +42,8 @@ def _assert_trained(result, name):
     assert all(np.isfinite(losses)) and losses[-1] < losses[0], f"{name}: {losses}"
     if name == "vae":  # the VAE's own metrics, with real values
         assert history["reconstruction_loss"][-1] > 0 and history["kl_loss"][-1] != 0
+    else:  # model.evaluate after kerasfast.fit (Keras's own fails under MultiWorkerMirroredStrategy)
+        assert set(result["evaluate"]) >= {"loss"} and np.isfinite(result["evaluate"]["loss"])
 
 
 @pytest.mark.slow
@@ -59,5 +61,6 @@ def test_custom_step_and_dict_models_on_two_workers_end_identical(tmp_path):
     for name in MODELS:
         _assert_trained(first[name], name)
         assert first[name]["history"] == second[name]["history"]
+        assert first[name].get("evaluate") == second[name].get("evaluate")
         for a, b in zip(_weights(tmp_path, name, 0), _weights(tmp_path, name, 1), strict=True):
             np.testing.assert_array_equal(a, b)

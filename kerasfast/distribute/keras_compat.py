@@ -96,6 +96,13 @@ def attach_strategy(model, strategy) -> None:
     model._distribute_strategy = strategy
 
 
+def is_multi_worker(strategy) -> bool:
+    """Whether `strategy` is a MultiWorkerMirroredStrategy, the one keras issue 20585 breaks."""
+    import tensorflow as tf
+
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+
+
 def creation_strategy(model):
     return getattr(model, "_distribute_strategy", None)
 

@@ -520,7 +520,7 @@ def fit(
                 config = pruning_for_run(prune, plan.total_steps)
                 # The schedule counts the optimizer's updates, which carry on
                 # from earlier fits of the same model: it starts at this run's first.
-                done = int(train_model.optimizer.iterations)
+                done = int(keras.ops.convert_to_numpy(train_model.optimizer.iterations))
                 if done and config.end_step is not None:
                     config = dataclasses.replace(config, begin_step=config.begin_step + done,
                                                  end_step=config.end_step + done)

@@ -9,6 +9,13 @@ plan's precision and may set a learning rate or clipping on the optimizer.
 block ends, successfully or not, so that afterwards `compile`, `fit`,
 `evaluate` and `predict` behave exactly as if kerasfast had never run. What
 training changes on purpose stays: the weights and the optimizer's state.
+
+One exception: a model created under MultiWorkerMirroredStrategy stays
+detached from it, because with the strategy attached Keras 3.15's own
+`evaluate`, `predict` and `fit` fail on their first batch (keras issue
+20585). Detached, `model.evaluate(...)` runs on each worker's local devices
+(the same figures on every worker), and inside `strategy.scope()` it is
+distributed.
 """
 
 from __future__ import annotations
@@ -37,7 +44,8 @@ def model_attributes_restored(model):
             elif name in model.__dict__:
                 del model.__dict__[name]
         model.steps_per_execution = steps_per_execution
-        keras_compat.attach_strategy(model, strategy)
+        if not keras_compat.is_multi_worker(strategy):
+            keras_compat.attach_strategy(model, strategy)
         model.stop_training = False
 
 

@@ -48,5 +48,8 @@ for name in ("vae", "ticket_model"):
     replica_gap = replica_gap_of(result.model)  # per-device copies of each variable agree
     results[name] = {"history": result.history.history, "replicas": result.plan.num_replicas,
                      "train_step": result.plan.train_step, "replica_gap": replica_gap}
+    if name == "ticket_model":
+        # After fit the user's own evaluate works, under any strategy.
+        results[name]["evaluate"] = result.model.evaluate(data["x"], data["y"], verbose=0, return_dict=True)
 (out_dir / f"results.worker{index}.json").write_text(json.dumps(results))
 print(f"worker {index} done")
