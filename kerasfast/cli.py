@@ -103,11 +103,22 @@ def quickstart(out_dir, epochs, batch_size, precision):
 def launch(num_workers, port, command):
     """Run COMMAND as an N-worker job on this machine (TF_CONFIG on loopback).
 
+    The ports are held from their choice until the job ends. SIGINT, SIGTERM
+    and SIGHUP are passed on to every worker, which is killed if still
+    running 3 s later; the exit code is then 128 + the signal's number.
+    TensorFlow's worker servers listen on every interface, without
+    authentication, whatever TF_CONFIG says: see docs/distributed.md.
+
     Example: kerasfast launch -n 2 -- python train.py --epochs 3
     """
     from kerasfast.distribute.launch import launch as run_workers
+    from kerasfast.errors import KerasfastError
 
-    sys.exit(run_workers(list(command), num_workers, port=port))
+    try:
+        code = run_workers(list(command), num_workers, port=port)
+    except KerasfastError as error:
+        raise click.ClickException(str(error)) from error
+    sys.exit(code)
 
 
 def _register_subcommands():

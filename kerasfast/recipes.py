@@ -239,10 +239,17 @@ def available_recipes() -> list[str]:
 
 
 def load_recipe(name: str):
-    """Imports `recipes/NAME.py` as a module (it is not a package on `sys.path`)."""
+    """Imports `recipes/NAME.py` as a module (it is not a package on `sys.path`).
+
+    Raises:
+        click.ClickException: When NAME is not one of `available_recipes()`.
+            Only those names are accepted, never a path: `recipe ../x` or
+            `recipe /tmp/x` must not run an arbitrary Python file.
+    """
+    names = available_recipes()
+    if name not in names:
+        raise click.ClickException(f"no recipe {name!r}: the recipes are {', '.join(names)}.")
     path = recipes_folder() / f"{name}.py"
-    if not path.is_file():
-        raise click.ClickException(f"no recipe {name!r}: the recipes are {', '.join(available_recipes())}.")
     spec = importlib.util.spec_from_file_location(f"kerasfast_recipe_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

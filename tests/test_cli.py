@@ -2,6 +2,7 @@
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -9,6 +10,7 @@ import pytest
 
 from kerasfast.plan import PRECISIONS
 
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
 
 
@@ -85,3 +87,25 @@ def test_export_is_callable_like_fit(tmp_path):
     result = kerasfast.export(model, tmp_path / "out", formats=("keras", "tflite_float32"), representative_data=x)
     assert [row.format for row in result.rows] == ["keras", "tflite_float32"]
     assert all(row.verified for row in result.rows)
+
+
+def test_recipe_runs_only_the_shipped_recipes_never_a_path(tmp_path):
+    import click
+
+    from kerasfast import recipes
+
+    marker = tmp_path / "ran"
+    (tmp_path / "x.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n"
+                                   "def main(argv):\n    pass\n")
+    shipped = sorted(p.stem for p in (ROOT / "recipes").glob("*.py") if not p.name.startswith("_"))
+    # `recipe ../../x` used to import recipes/../../x.py: any Python file
+    escaping = os.path.relpath(tmp_path / "x", ROOT / "recipes")
+    for name in (escaping, str(tmp_path / "x")):
+        done = run_cli("recipe", name)
+        assert done.returncode == 1, done.stderr
+        assert f"no recipe {name!r}: the recipes are {', '.join(shipped)}." in done.stderr
+    for name in ("../recipes/tabular", "tabular.py", "./tabular", "", "recipes"):
+        with pytest.raises(click.ClickException, match="the recipes are"):
+            recipes.load_recipe(name)
+    assert not marker.exists()
+    assert recipes.available_recipes() == shipped

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -71,3 +72,52 @@ def test_cli_runs_as_a_module(saved_model_and_data):
     )
     assert completed.returncode == 1
     assert "Unknown export format(s) ['onnx']" in completed.stderr
+
+
+@pytest.fixture
+def user_folder(saved_model_and_data, tmp_path):
+    """A user's working folder (mode 0755): their model, notes and a sub-folder."""
+    folder = tmp_path / "work"
+    (folder / "sub").mkdir(parents=True)
+    shutil.copy(saved_model_and_data / "model.keras", folder / "model.keras")
+    (folder / "notes.txt").write_text("my notes")
+    (folder / "sub" / "data.csv").write_text("a,b\n1,2\n")
+    folder.chmod(0o755)
+    return folder
+
+
+def user_files(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_cli_refuses_to_export_into_a_folder_with_user_files(user_folder):
+    before = user_files(user_folder)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    completed = subprocess.run(
+        [sys.executable, "-m", "kerasfast.cli", "export", "model.keras", ".", "--formats", "tflite_float32"],
+        cwd=user_folder, capture_output=True, text=True, env=env, timeout=180,
+    )
+    assert completed.returncode == 1, completed.stderr[-2000:]
+    assert (f"Error: out_dir {user_folder} holds 3 entries kerasfast did not write: model.keras, notes.txt, sub/."
+            in completed.stderr)
+    assert "(command line: --overwrite)" in completed.stderr
+    assert "Traceback" not in completed.stderr
+    assert user_files(user_folder) == before
+    assert sorted(p.name for p in user_folder.iterdir()) == ["model.keras", "notes.txt", "sub"]
+
+
+def test_cli_overwrite_exports_beside_user_files_and_never_replaces_them(user_folder, monkeypatch):
+    before = user_files(user_folder)
+    monkeypatch.chdir(user_folder)
+    result = CliRunner().invoke(export_command, ["model.keras", ".", "--formats", "tflite_float32", "--overwrite"])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in user_folder.iterdir()) == [
+        "kerasfast-export.json", "model.keras", "model_float32.tflite", "notes.txt", "report.json", "report.md", "sub",
+    ]
+    assert {k: v for k, v in user_files(user_folder).items() if k in before} == before
+    assert os.stat(user_folder).st_mode & 0o777 == 0o755
+    # The keras format would replace the input model.keras itself: refused even with --overwrite.
+    result = CliRunner().invoke(export_command, ["model.keras", ".", "--formats", "keras", "--overwrite"])
+    assert result.exit_code == 1
+    assert "holds model.keras, which kerasfast did not write, at a name this export would replace" in result.output
+    assert user_files(user_folder)["model.keras"] == before["model.keras"]

@@ -1,6 +1,8 @@
 """Bad export input: a clear error and nothing written; failures are atomic."""
 
+import json
 import os
+import shutil
 
 import keras
 import numpy as np
@@ -38,18 +40,33 @@ def model_with(layer):
     return keras.Model(inputs, keras.layers.Dense(3, name="out")(layer(inputs)))
 
 
+@pytest.fixture(scope="module")
+def previous_export_template(tmp_path_factory):
+    """A real earlier kerasfast export: model.keras, the reports, the manifest."""
+    out_dir = tmp_path_factory.mktemp("previous") / "exported"
+    export_model(small_model("previous"), out_dir, formats=["keras"])
+    return out_dir
+
+
+def snapshot(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+_BEFORE = {}
+
+
 @pytest.fixture
-def previous_export(tmp_path):
+def previous_export(previous_export_template, tmp_path):
     out_dir = tmp_path / "exported"
-    out_dir.mkdir()
-    (out_dir / "model.keras").write_bytes(b"previous model")
+    shutil.copytree(previous_export_template, out_dir)
+    _BEFORE[out_dir] = snapshot(out_dir)
     return out_dir
 
 
 def assert_untouched(out_dir):
-    assert sorted(p.name for p in out_dir.iterdir()) == ["model.keras"]
-    assert (out_dir / "model.keras").read_bytes() == b"previous model"
-    leftovers = [p.name for p in out_dir.parent.iterdir() if p.name.startswith(".")]
+    assert sorted(snapshot(out_dir)) == ["kerasfast-export.json", "model.keras", "report.json", "report.md"]
+    assert snapshot(out_dir) == _BEFORE[out_dir]
+    leftovers = [p.name for folder in (out_dir, out_dir.parent) for p in folder.iterdir() if p.name.startswith(".")]
     assert leftovers == [], leftovers
 
 
@@ -147,11 +164,16 @@ def test_op_without_tflite_builtin_fails_naming_the_op_and_keeps_previous_export
 
 
 def test_success_replaces_previous_contents(previous_export):
+    # A folder holding only an earlier kerasfast export is replaced without overwrite=True.
     result = export_model(small_model(), previous_export, formats=["keras"])
-    assert sorted(p.name for p in previous_export.iterdir()) == ["model.keras", "report.json", "report.md"]
-    assert (previous_export / "model.keras").read_bytes() != b"previous model"
+    assert sorted(p.name for p in previous_export.iterdir()) == [
+        "kerasfast-export.json", "model.keras", "report.json", "report.md",
+    ]
+    assert (previous_export / "model.keras").read_bytes() != _BEFORE[previous_export]["model.keras"]
+    assert json.loads((previous_export / "report.json").read_text())["model_name"] == "small"
     assert result.out_dir == previous_export
-    assert [p.name for p in previous_export.parent.iterdir() if p.name.startswith(".")] == []
+    assert [p.name for folder in (previous_export, previous_export.parent)
+            for p in folder.iterdir() if p.name.startswith(".")] == []
 
 
 def flex_model():

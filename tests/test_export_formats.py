@@ -56,7 +56,7 @@ def test_every_format_is_written_verified_and_reported(exported):
     model, result, test = exported
     assert [row.format for row in result.rows] == ALL_FORMATS
     names = {p.name for p in result.out_dir.iterdir()}
-    assert names == {FORMATS[f].filename for f in ALL_FORMATS} | {"report.json", "report.md"}
+    assert names == {FORMATS[f].filename for f in ALL_FORMATS} | {"report.json", "report.md", "kerasfast-export.json"}
     for row in result.rows:
         assert row.verified, row
         assert row.size_bytes > 0 and 0 < row.gzip_bytes

@@ -54,13 +54,21 @@ def _load_eval(path: str):
 @click.option("--eval", "eval_path", type=click.Path(exists=True, dir_okay=False), help="DATA.npz with 'x' and 'y' for accuracy/loss.")
 @click.option("--int8-io", is_flag=True, help="tflite_int8 with int8 input/output tensors.")
 @click.option("--allow-flex-ops", is_flag=True, help="Allow TensorFlow (Flex) ops in .tflite files.")
-def export_command(model_path, out_dir, formats, representative, eval_path, int8_io, allow_flex_ops):
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Export into OUT_DIR even though it holds files kerasfast did not write; they are left alone, "
+    "only kerasfast's previous artifacts are replaced.",
+)
+def export_command(model_path, out_dir, formats, representative, eval_path, int8_io, allow_flex_ops, overwrite):
     """Export MODEL.keras to OUT_DIR in serving and edge formats, each verified.
 
     Every .tflite file is run in LiteRT and compared with the Keras model;
     report.json and report.md in OUT_DIR list size, gzipped size, accuracy,
-    output difference and latency per artifact. OUT_DIR is replaced only
-    when every artifact is complete.
+    output difference and latency per artifact. Export writes only its own
+    files (listed in OUT_DIR/kerasfast-export.json), each renamed into
+    place once complete; an OUT_DIR holding other files is refused unless
+    --overwrite is given, and even then they are left alone.
     """
     import keras
 
@@ -82,11 +90,12 @@ def export_command(model_path, out_dir, formats, representative, eval_path, int8
             eval_data=eval_data,
             int8_input_output=int8_io,
             allow_flex_ops=allow_flex_ops,
+            overwrite=overwrite,
         )
     except KerasfastError as error:
         raise click.ClickException(str(error)) from error
     click.echo(result.table())
-    click.echo(f"\nWrote {result.out_dir} (report.json, report.md).")
+    click.echo(f"\nWrote {result.out_dir} (report.json, report.md; kerasfast-export.json lists what export wrote).")
 
 
 if __name__ == "__main__":  # python -m kerasfast.export.cli

@@ -1,4 +1,4 @@
-"""`export_model`: every requested artifact, verified, with a report, atomically."""
+"""`export_model`: every requested artifact, verified, with a report, each written atomically."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import tensorflow as tf
 from kerasfast.compress.pruning import overall_sparsity
 from kerasfast.errors import ExportError
 from kerasfast.export import preflight
-from kerasfast.export.atomic import atomic_directory, check_writable_destination
+from kerasfast.export.atomic import REPORT_NAMES, check_destination, check_writable_destination, staged_export
 from kerasfast.export.evaluation import classification_accuracy, loss_value, model_loss_fn
 from kerasfast.export.formats import FORMATS
 from kerasfast.export.litert import LiteRTModel
@@ -41,7 +41,8 @@ class ExportResult:
     """What `export_model` wrote.
 
     Attributes:
-        out_dir: the folder holding the artifacts, report.json and report.md.
+        out_dir: the folder holding the artifacts, report.json, report.md and
+            the manifest kerasfast-export.json.
         rows: one `ArtifactReport` per artifact, in the order requested.
     """
 
@@ -72,19 +73,27 @@ def export_model(
     num_calibration_samples: int = 300,
     num_comparison_samples: int = 64,
     measure_latency: bool = True,
+    overwrite: bool = False,
 ) -> ExportResult:
     """Exports `model` to serving and edge formats, verifies each, reports.
 
-    Every artifact is built in a temporary folder beside `out_dir`, loaded
-    back and compared with the Keras model (TFLite files run in the LiteRT
-    interpreter, SavedModels reloaded with `tf.saved_model.load`), then the
-    folder replaces `out_dir` in one rename. Any failure leaves `out_dir`
-    as it was. Bad arguments are refused before anything is written.
+    Every artifact is built in a hidden temporary folder inside `out_dir`,
+    loaded back and compared with the Keras model (TFLite files run in the
+    LiteRT interpreter, SavedModels reloaded with `tf.saved_model.load`),
+    then renamed into place. Any failure leaves `out_dir` as it was. Bad
+    arguments are refused before anything is written.
+
+    Export writes only its own files: the artifacts, report.json, report.md
+    and `kerasfast-export.json`, the manifest listing what it wrote. A
+    previous export in `out_dir` is replaced (its artifacts not written
+    again are removed); any other file or folder in `out_dir`, and the
+    folder's mode, are left alone.
 
     Args:
         model: a built single-input, single-output Keras 3 model (e.g. after
             `kerasfast.compress.prune`).
-        out_dir: destination folder; previous contents are replaced on success.
+        out_dir: destination folder: new, empty or holding a previous
+            kerasfast export (replaced on success).
         formats: names from `kerasfast.export.FORMATS`: "keras",
             "saved_model", "saved_model_int8", "tflite_float32",
             "tflite_dynamic_int8", "tflite_int8", "tflite_float16". Default:
@@ -102,14 +111,18 @@ def export_model(
         num_calibration_samples: at most this many representative samples.
         num_comparison_samples: inputs used to compare with Keras outputs.
         measure_latency: time each .tflite file in LiteRT.
+        overwrite: also export into an `out_dir` holding files kerasfast did
+            not write (they are left alone). Without it such a folder is
+            refused. A foreign file at a name the export writes (e.g. the
+            user's own model.keras) is refused either way.
 
     Returns:
         An `ExportResult` with the out_dir and one `ArtifactReport` per format.
 
     Raises:
         ExportError, DataError: before anything is written for bad
-            arguments; after a failed conversion or verification (out_dir
-            untouched).
+            arguments or an `out_dir` holding foreign files (named); after a
+            failed conversion or verification (out_dir untouched).
 
     Example:
 
@@ -121,6 +134,9 @@ def export_model(
     # -- refuse bad input before writing anything -------------------------
     destination = check_writable_destination(out_dir)
     chosen = preflight.resolve_formats(formats, representative_data is not None)
+    written_names = [FORMATS[f].filename for f in chosen] + list(REPORT_NAMES)
+    # Before the slow checks: a folder of user files is refused in a second.
+    check_destination(destination, written_names, overwrite=overwrite)
     signature = preflight.model_signature(model)
     calibration = preflight.check_inputs(
         representative_data, signature, argument="representative_data", limit=num_calibration_samples
@@ -147,7 +163,7 @@ def export_model(
     loss_fn = model_loss_fn(model)
 
     rows = []
-    with atomic_directory(destination) as staging:
+    with staged_export(destination, written_names, overwrite=overwrite) as staging:
         scratch = staging / ".scratch"
         if "saved_model" in chosen:
             model.export(str(staging / FORMATS["saved_model"].filename), format="tf_saved_model", verbose=False)
