@@ -26,3 +26,11 @@ class ModelError(KerasfastError, ValueError):
 
 class ExportError(KerasfastError, RuntimeError):
     """An export that cannot be produced or failed its verification."""
+
+
+class RunFolderError(KerasfastError, OSError):
+    """A run's files could not be written (disk full, permissions).
+
+    Raised after training; the training-state backup is kept, so re-running
+    the same command restores the trained state and only redoes the writing.
+    """

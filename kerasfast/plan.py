@@ -49,6 +49,14 @@ FIELD_ORDER = (
     "inter_op_threads",
 )
 
+# The fields that decide what training computes (not only how fast): a
+# resumed run must have the values its backup recorded.
+COMPUTATION_FIELDS = (
+    "num_replicas", "train_step", "precision", "jit_compile", "steps_per_epoch", "global_batch_size",
+    "grad_accum_steps", "clipnorm", "optimizer", "learning_rate", "lr_schedule", "warmup_steps", "total_steps",
+    "prune",
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
@@ -121,6 +129,10 @@ class Plan:
                 for name in FIELD_ORDER
             }
         }
+
+    def values(self) -> dict[str, Any]:
+        """`{field: value}` for every field of `FIELD_ORDER` (what a backup records)."""
+        return {name: getattr(self, name) for name in FIELD_ORDER}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, default=str)

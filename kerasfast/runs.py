@@ -1,13 +1,17 @@
 """Run folders: where a training run leaves its plan, history and model.
 
-Files are written atomically (temporary name, then rename), so a run that
-is interrupted never leaves a half-written file that looks complete.
+Files are written atomically and durably (temporary name, flushed to disk,
+then renamed, and the folder's entry flushed too), so a run that is
+interrupted or a machine that loses power never leaves a half-written file
+that looks complete. JSON is strict: a NaN or infinite number is written as
+`null`, so every file parses with any JSON reader.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import pathlib
 import uuid
@@ -24,28 +28,81 @@ def new_run_dir(root: str | os.PathLike = DEFAULT_ROOT) -> pathlib.Path:
 
 
 def write_json(path: str | os.PathLike, data) -> pathlib.Path:
-    """Writes `data` as indented JSON to `path` atomically."""
+    """Writes `data` as indented, strict JSON to `path`, atomically and durably.
+
+    Non-finite floats become `null`; NumPy scalars and arrays become
+    numbers and lists; anything else unknown becomes its `str()`.
+
+    Returns:
+        The path written.
+    """
     path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-    try:
-        temporary.write_text(json.dumps(data, indent=2, default=_jsonable) + "\n", encoding="utf-8")
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-    return path
+    text = json.dumps(strict_json(data), indent=2, allow_nan=False, default=_jsonable) + "\n"
+    return replace_durably(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
 
 
 def save_model(model, path: str | os.PathLike) -> pathlib.Path:
-    """Saves `model` as `.keras` atomically."""
-    path = pathlib.Path(path)
-    temporary = path.with_name(f".tmp-{uuid.uuid4().hex[:8]}-{path.name}")
+    """Saves `model` as `.keras`, atomically and durably."""
+    return replace_durably(pathlib.Path(path), model.save, keep_suffix=True)
+
+
+def strict_json(value):
+    """`value` with every non-finite float (Python or NumPy) replaced by None.
+
+    Example:
+
+    >>> strict_json({"loss": [0.5, float("nan")]})
+    {'loss': [0.5, None]}
+    """
+    if isinstance(value, dict):
+        return {key: strict_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(item) for item in value]
+    converted = _jsonable(value) if type(value).__module__ == "numpy" else value
+    if converted is not value:
+        return strict_json(converted)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def replace_durably(path: pathlib.Path, write, *, keep_suffix: bool = False) -> pathlib.Path:
+    """Calls `write(temporary)` beside `path`, flushes it, renames it to `path`.
+
+    Args:
+        path: The file to (re)place.
+        write: Writes the file's content to the path it is given.
+        keep_suffix: The temporary name ends with `path`'s name (for writers
+            such as Keras's `save` and NumPy's `savez` that add or require
+            a suffix).
+
+    Raises:
+        OSError: As raised by the write or rename (disk full, permissions),
+            with `path` as the error's filename; no temporary file is left.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tag = uuid.uuid4().hex[:8]
+    temporary = path.with_name(f".tmp-{tag}-{path.name}" if keep_suffix else f".{path.name}.tmp-{tag}")
     try:
-        model.save(temporary)
+        write(temporary)
+        _fsync(temporary)
         os.replace(temporary, path)
+        _fsync(path.parent)
+    except OSError as error:
+        if error.filename is None:
+            error.filename = os.fspath(path)
+        raise
     finally:
         temporary.unlink(missing_ok=True)
     return path
+
+
+def _fsync(path: pathlib.Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def _jsonable(value):

@@ -150,3 +150,132 @@ def test_plain_keras_multi_worker_fit_still_fails_upstream():
                 timeout=300)
     assert done.returncode != 0, "plain Keras multi-worker fit now works upstream: simplify keras_compat"
     assert "plain keras multi-worker fit succeeded" not in done.stdout
+
+
+@pytest.mark.slow
+def test_twenty_kills_at_random_moments_each_resumed_end_bit_identical(tmp_path):
+    """Kills land after random steps plus a random delay, so some fall in the
+    middle of writing a backup (every 2 steps here); each is resumed."""
+    uninterrupted, interrupted = tmp_path / "a", tmp_path / "b"
+    env = {**ENV, "BACKUP_EVERY": "2", "EPOCHS": "6"}  # 120 steps, executions of 2 steps
+    done = subprocess.run([sys.executable, str(RESUMABLE), str(uninterrupted), "none"], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rng = np.random.default_rng(20)
+    for kill in range(20):
+        # Killed 0-20 ms after its first or second execution: in the next
+        # execution, or while the backup of the last one is being written.
+        executions, delay_ms = int(rng.integers(1, 3)), int(rng.integers(0, 20))
+        run = subprocess.run([sys.executable, str(RESUMABLE), str(interrupted), "none", "-1", str(executions),
+                              str(delay_ms)], capture_output=True, text=True, env=env, timeout=600)
+        assert run.returncode == -9, (kill, executions, delay_ms, run.stdout[-2000:], run.stderr[-3000:])
+    final = subprocess.run([sys.executable, str(RESUMABLE), str(interrupted), "none"], capture_output=True,
+                           text=True, env=env, timeout=600)
+    assert final.returncode == 0, final.stderr[-3000:]
+    _assert_same_run(uninterrupted, interrupted)
+    assert not (interrupted / "backup").exists()  # state and any half-written temporary removed
+
+
+class _BatchCounter(keras.callbacks.Callback):
+    batches = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches += 1
+
+
+def _crashed_run(x, y, tmp_path, **options):
+    options = {**_OPTIONS, "run_dir": tmp_path, **options}
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        kerasfast.fit(_model(), (x, y), callbacks=[_Crash()], **options)
+    assert (tmp_path / "backup" / "state.npz").is_file()
+    return options
+
+
+_OPTIONS = dict(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), epochs=2, batch_size=32,
+                backup_every=2, verbose=0)
+
+
+def test_a_resume_uses_the_recorded_plan_and_refuses_changed_arguments(digits, tmp_path):
+    (x, y), _ = digits
+    x = x.reshape(len(x), 64)
+    options = _crashed_run(x, y, tmp_path)  # steps_per_execution="auto": measured by the first run
+    recorded = json.loads((tmp_path / "plan.json").read_text())["fields"]
+    for changed, shown in (({"batch_size": 16}, "global_batch_size 16 (the backup's run: 32)"),
+                           ({"epochs": 3}, "total_steps"),
+                           ({"learning_rate": 0.05}, "learning_rate 0.05")):
+        with pytest.raises(PlanError, match="change what training computes") as refused:
+            kerasfast.fit(_model(), (x, y), **{**options, **changed})
+        assert shown in str(refused.value) and "resume='force'" in str(refused.value)
+    result = kerasfast.fit(_model(), (x, y), **options)
+    assert result.plan.steps_per_execution == recorded["steps_per_execution"]["value"]
+    assert "recorded by the backup" in result.plan.reasons["steps_per_execution"]
+    assert not (tmp_path / "backup").exists()
+
+
+def test_resume_force_and_fresh(digits, tmp_path):
+    (x, y), _ = digits
+    x = x.reshape(len(x), 64)
+    options = _crashed_run(x, y, tmp_path, steps_per_execution=1)
+    forced = kerasfast.fit(_model(), (x, y), **{**options, "learning_rate": 0.05, "resume": "force"})
+    assert len(forced.history.history["loss"]) == 2
+    options = _crashed_run(x, y, tmp_path, steps_per_execution=1)
+    probe = _BatchCounter()
+    fresh = kerasfast.fit(_model(), (x, y), **{**options, "batch_size": 16, "resume": "fresh"}, callbacks=[probe])
+    assert probe.batches == 2 * int(np.ceil(len(x) / 16))  # every step, from the start
+    assert len(fresh.history.history["loss"]) == 2
+    with pytest.raises(PlanError, match="resume='later' is not valid"):
+        kerasfast.fit(_model(), (x, y), **{**options, "resume": "later"})
+
+
+def test_a_damaged_backup_is_named_with_the_remedy(digits, tmp_path):
+    (x, y), _ = digits
+    x = x.reshape(len(x), 64)
+    options = _crashed_run(x, y, tmp_path, steps_per_execution=1)
+    state = tmp_path / "backup" / "state.npz"
+    state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])  # a copy cut half-way
+    with pytest.raises(PlanError, match="state.npz cannot be read") as refused:
+        kerasfast.fit(_model(), (x, y), **options)
+    assert "resume='fresh'" in str(refused.value)
+    result = kerasfast.fit(_model(), (x, y), **{**options, "resume": "fresh"})
+    assert len(result.history.history["loss"]) == 2
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 48 KiB tmpfs: room for the run's JSON files, not for model.keras."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs (a real full disk); CI runs as root")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48k", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"needs permission to mount a tmpfs (a real full disk): {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_finished_run_survives_a_full_disk(digits, tmp_path, small_disk):
+    from kerasfast.errors import RunFolderError
+
+    (x, y), _ = digits
+    x = x.reshape(len(x), 64)
+
+    def wide_model():
+        keras.utils.set_random_seed(0)
+        return keras.Sequential([keras.Input((64,)), keras.layers.Dense(256), keras.layers.Dense(10)])
+
+    options = {**_OPTIONS, "run_dir": small_disk / "run", "backup_dir": tmp_path / "backup", "steps_per_execution": 1}
+    with pytest.raises(RunFolderError, match="model.keras could not be written") as failed:
+        kerasfast.fit(wide_model(), (x, y), **options)
+    assert "re-run the same command" in str(failed.value)
+    assert (tmp_path / "backup" / "state.npz").is_file()  # the trained state is kept
+    assert not list((small_disk / "run").glob(".tmp-*"))  # no half-written file left
+    subprocess.run(["mount", "-o", "remount,size=4m", str(small_disk)], check=True)
+    probe = _BatchCounter()
+    result = kerasfast.fit(wide_model(), (x, y), **options, callbacks=[probe])
+    assert probe.batches == 0  # nothing retrained: only the writing is redone
+    assert len(result.history.history["loss"]) == 2
+    assert (small_disk / "run" / "model.keras").is_file()
+    assert not (tmp_path / "backup").exists()

@@ -3,7 +3,7 @@
 A `Backup` keeps one file, `backup_dir/state.npz`, holding every variable
 that training changes (model, optimizer, metrics) and where training stood
 (epochs done, steps into the current epoch, the data-shuffling seed). It is
-written atomically (temporary file, then rename) by the chief only, every
+written atomically and durably (temporary file, flushed, then renamed) by the chief only, every
 `every_steps` steps at an update boundary and at every epoch end, and
 removed when training completes.
 
@@ -15,16 +15,17 @@ resumed run sees the same batches in the same order as an uninterrupted one.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
-import os
 import pathlib
-import uuid
+import zipfile
 
 import keras
 import numpy as np
 
 from kerasfast.errors import PlanError
+from kerasfast.runs import replace_durably
 
 STATE_FILE = "state.npz"
 DEFAULT_EVERY_STEPS = 100
@@ -41,6 +42,8 @@ class Progress:
         signature: What the state was saved for (variable shapes, batch,
             steps per epoch); a resume must match it.
         history: Logs of the epochs already done (Keras `History` form).
+        plan: The run's resolved plan (`Plan.values()`): a resumed run uses
+            its choices instead of measuring again.
     """
 
     epoch: int
@@ -48,6 +51,7 @@ class Progress:
     seed: int
     signature: dict
     history: dict = dataclasses.field(default_factory=dict)
+    plan: dict = dataclasses.field(default_factory=dict)
 
     def batches_done(self, steps_per_epoch: int) -> int:
         return self.epoch * steps_per_epoch + self.step
@@ -93,12 +97,29 @@ class Backup:
         self.is_chief = is_chief
 
     def progress(self) -> Progress | None:
-        """The saved progress, or None when there is nothing to resume."""
+        """The saved progress, or None when there is nothing to resume.
+
+        Raises:
+            PlanError: When the file is damaged, naming it and the remedy.
+        """
         if not self.path.is_file():
             return None
-        with np.load(self.path, allow_pickle=False) as data:
-            meta = json.loads(str(data["meta"]))
-        return Progress(meta["epoch"], meta["step"], meta["seed"], meta["signature"], meta.get("history", {}))
+        with self._reading():
+            with np.load(self.path, allow_pickle=False) as data:
+                meta = json.loads(str(data["meta"]))
+            return Progress(meta["epoch"], meta["step"], meta["seed"], meta["signature"], meta.get("history", {}),
+                            meta.get("plan", {}))
+
+    @contextlib.contextmanager
+    def _reading(self):
+        try:
+            yield
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
+            raise PlanError(
+                f"the training-state backup {self.path} cannot be read ({type(error).__name__}: {error}); it is "
+                "damaged (e.g. a disk filled up or it was copied half-way). Pass resume='fresh' to start the run "
+                "again (the backup is replaced), or delete the file."
+            ) from error
 
     def save(self, model, plan, progress: Progress) -> None:
         """Writes the state atomically (chief only; other workers return)."""
@@ -108,16 +129,17 @@ class Backup:
         if not self.is_chief:
             return
         self.directory.mkdir(parents=True, exist_ok=True)
-        meta = dataclasses.asdict(progress)
-        temporary = self.directory / f".{STATE_FILE}.tmp-{uuid.uuid4().hex[:8]}.npz"
-        try:
-            np.savez(temporary, meta=np.array(json.dumps(meta)), **arrays)
-            os.replace(temporary, self.path)
-        finally:
-            temporary.unlink(missing_ok=True)
+        meta = np.array(json.dumps(dataclasses.asdict(progress)))
+        replace_durably(self.path, lambda temporary: np.savez(temporary, meta=meta, **arrays), keep_suffix=True)
 
-    def restore(self, model, plan) -> tuple[Progress, list]:
+    def restore(self, model, plan, *, force: bool = False) -> tuple[Progress, list]:
         """Loads the saved variables into `model` (built, compiled).
+
+        Args:
+            model: The model to restore into.
+            plan: The run's plan.
+            force: Only the variables' shapes must match (`resume="force"`);
+                otherwise the batch and epoch layout must match too.
 
         Returns:
             `(progress, metric_values)`: where the run stood, and the
@@ -129,15 +151,16 @@ class Backup:
         """
         progress = self.progress()
         expected = signature(model, plan)
-        if progress.signature != expected:
-            changed = [k for k in expected if progress.signature.get(k) != expected[k]]
+        checked = ("shapes",) if force else tuple(expected)
+        changed = [k for k in checked if progress.signature.get(k) != expected[k]]
+        if changed:
             raise PlanError(
                 f"the backup in {self.directory} was saved for a different run ({', '.join(changed)} differ): "
                 "delete it to start afresh, or pass another backup_dir=."
             )
         metric_variables = {id(v) for metric in model.metrics for v in metric.variables}
         metric_values = []
-        with np.load(self.path, allow_pickle=False) as data:
+        with self._reading(), np.load(self.path, allow_pickle=False) as data:
             for index, variable in enumerate(training_variables(model)):
                 value = data[f"v{index}"]
                 variable.assign(value)
@@ -146,8 +169,11 @@ class Backup:
         return progress, metric_values
 
     def clear(self) -> None:
+        """Removes the state file and what a save killed half-way left beside it."""
         if self.is_chief:
             self.path.unlink(missing_ok=True)
+            for leftover in self.directory.glob(f".tmp-*-{STATE_FILE}"):
+                leftover.unlink(missing_ok=True)
             try:
                 self.directory.rmdir()  # only if nothing else lives there
             except OSError:
@@ -178,7 +204,7 @@ class BackupCallback(keras.callbacks.Callback):
         self._last_saved = first_step
 
     def _progress(self, epoch, step):
-        return Progress(epoch, step, self.seed, signature(self.model, self.plan), self.history)
+        return Progress(epoch, step, self.seed, signature(self.model, self.plan), self.history, self.plan.values())
 
     def on_epoch_begin(self, epoch, logs=None):
         if epoch != self._epoch:

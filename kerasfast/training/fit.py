@@ -33,9 +33,9 @@ from kerasfast import costs, threads
 from kerasfast.distribute import DistributedSteps, keras_compat, resolve_strategy
 from kerasfast.distribute.consensus import check_same_plan, chief_value
 from kerasfast.distribute.failures import lost_peer_errors
-from kerasfast.errors import PlanError
+from kerasfast.errors import PlanError, RunFolderError
 from kerasfast.hardware import detect_hardware
-from kerasfast.plan import ModelFacts, Overrides, Plan, _is_int, RunFacts, compute_dtype, keras_policy, resolve_plan
+from kerasfast.plan import COMPUTATION_FIELDS, ModelFacts, Overrides, Plan, _is_int, RunFacts, compute_dtype, keras_policy, resolve_plan
 from kerasfast.runs import DEFAULT_ROOT, new_run_dir, save_model, write_json
 from kerasfast.training import optimizers
 from kerasfast.training.inputs import check_inputs_match, prepare_data, sharded_tfrecord_stream, split_validation
@@ -136,7 +136,9 @@ def _op_determinism() -> bool:
     return is_op_determinism_enabled()
 
 
-def _check_run_arguments(epochs, initial_epoch, validation_freq, steps_per_epoch, validation_steps) -> None:
+def _check_run_arguments(epochs, initial_epoch, validation_freq, steps_per_epoch, validation_steps, resume) -> None:
+    if resume not in RESUME_MODES:
+        raise PlanError(f"resume={resume!r} is not valid: use one of {', '.join(map(repr, RESUME_MODES))}.")
     for name, value, low in (("epochs", epochs, 1), ("initial_epoch", initial_epoch, 0)):
         if not _is_int(value) or value < low:
             raise PlanError(f"{name}={value!r} is not valid: use an integer >= {low}.")
@@ -153,6 +155,13 @@ def _check_run_arguments(epochs, initial_epoch, validation_freq, steps_per_epoch
         raise PlanError(f"validation_freq={validation_freq!r} is not valid: use an integer >= 1 or a list of epochs.")
 
 
+RESUME_MODES = ("auto", "force", "fresh")
+# Overrides a resumed run takes from the plan its backup recorded, unless the
+# user sets them: the choices kerasfast makes from measurements or the machine.
+_RECORDED_CHOICES = {"precision": "precision", "jit_compile": "jit_compile",
+                     "steps_per_execution": "steps_per_execution"}
+
+
 @dataclasses.dataclass
 class _Start:
     """What `_start` resolved before any data or model is touched."""
@@ -166,9 +175,10 @@ class _Start:
     runtime_started: bool
     threads: tuple[int, int]
     backup_every: int = DEFAULT_EVERY_STEPS
+    force_resume: bool = False
 
 
-def _start(overrides: Overrides, *, strategy, run_dir, backup_dir, backup_every, seed) -> _Start:
+def _start(overrides: Overrides, *, strategy, run_dir, backup_dir, backup_every, seed, resume) -> _Start:
     """Hardware, thread pools, strategy, backup and seed: decided once, first."""
     hardware = detect_hardware()
     # Thread pools can only be sized before TensorFlow's runtime starts, i.e.
@@ -185,7 +195,9 @@ def _start(overrides: Overrides, *, strategy, run_dir, backup_dir, backup_every,
     if backup_dir is None and run_dir not in (None, False):
         backup_dir = pathlib.Path(run_dir) / "backup"
     backup = Backup(backup_dir, is_chief=distribution.is_chief) if backup_dir not in (None, False) else None
-    progress = backup.progress() if backup is not None else None
+    if resume == "fresh" and backup is not None:
+        backup.clear()
+    progress = backup.progress() if backup is not None and not (resume == "fresh") else None
     if progress is not None:
         seed = progress.seed  # the resumed run must see the same data order
     elif seed is None:
@@ -194,7 +206,8 @@ def _start(overrides: Overrides, *, strategy, run_dir, backup_dir, backup_every,
         # to replay its order: both need a fixed seed. Drawn from NumPy's
         # global generator, so `keras.utils.set_random_seed` fixes it.
         seed = 0 if distribution.name == "multi_worker" else int(np.random.randint(2**31 - 1))
-    return _Start(hardware, early, distribution, backup, progress, seed, started, current, backup_every)
+    return _Start(hardware, early, distribution, backup, progress, seed, started, current, backup_every,
+                  resume == "force")
 
 
 def _model_facts(model, train_data, optimizer) -> ModelFacts:
@@ -231,16 +244,29 @@ def _plan_run(start: _Start, overrides: Overrides, model_facts: ModelFacts, trai
         user_batch_callbacks=_batch_callbacks(callbacks),
     )
 
+    recorded = start.progress.plan if start.progress is not None else {}
+    from_backup = [name for name in _RECORDED_CHOICES
+                   if _RECORDED_CHOICES[name] in recorded and name not in overrides.user_set()]
+    if from_backup:
+        overrides = dataclasses.replace(overrides, **{name: recorded[_RECORDED_CHOICES[name]] for name in from_backup})
+
     def plan_with(run: RunFacts) -> Plan:
         return resolve_plan(start.hardware, model=model_facts, data=train_data.facts, run=run, overrides=overrides,
                             num_replicas=distribution.num_replicas, strategy_name=distribution.name,
                             strategy_reason=distribution.reason)
 
-    # The peak FLOP/s (which sizes steps per execution) is measured in the
-    # precision the plan picks; a timing differs between workers, so the
-    # chief's keeps their plans equal.
-    peak = costs.measure_peak_flops(compute_dtype(plan_with(run_facts).precision))
-    plan = plan_with(dataclasses.replace(run_facts, peak_flops=chief_value(distribution, peak)))
+    if overrides.steps_per_execution == "auto":
+        # The peak FLOP/s (which sizes steps per execution) is measured in the
+        # precision the plan picks; a timing differs between workers, so the
+        # chief's keeps their plans equal.
+        peak = costs.measure_peak_flops(compute_dtype(plan_with(run_facts).precision))
+        run_facts = dataclasses.replace(run_facts, peak_flops=chief_value(distribution, peak))
+    plan = plan_with(run_facts)
+    if from_backup:
+        fields = [_RECORDED_CHOICES[name] for name in from_backup]
+        plan = dataclasses.replace(
+            plan, overridden=tuple(name for name in plan.overridden if name not in fields),
+            reasons={**plan.reasons, **{name: "as recorded by the backup this run resumes" for name in fields}})
     check_same_plan(distribution, plan)
     if prune is None:
         return plan
@@ -258,6 +284,29 @@ def _plan_run(start: _Start, overrides: Overrides, model_facts: ModelFacts, trai
         plan, prune=config.target_sparsity, overridden=plan.overridden + ("prune",),
         reasons={**plan.reasons, "prune": _describe_pruning(config)},
     )
+
+
+def _check_resumable(plan: Plan, start: _Start) -> None:
+    """Refuses to resume a backup whose recorded plan computes differently.
+
+    Raises:
+        PlanError: Listing each difference, unless `resume="force"`.
+    """
+    recorded = start.progress.plan
+    if not recorded:
+        return
+    differences = [f"{name} {getattr(plan, name)!r} (the backup's run: {recorded[name]!r})"
+                   for name in COMPUTATION_FIELDS if name in recorded and recorded[name] != getattr(plan, name)]
+    if not differences:
+        return
+    message = (f"this run would resume the backup in {start.backup.directory}, but its arguments change what "
+               f"training computes: {'; '.join(differences)}")
+    if start.force_resume:
+        if start.distribution.is_chief:
+            print(f"kerasfast: resume='force': {message}. Resuming anyway.")
+        return
+    raise PlanError(f"{message}. Re-run with the same arguments to resume exactly, resume='force' to resume anyway, "
+                    "or resume='fresh' to start again.")
 
 
 def _compile_for_run(model, plan: Plan, *, loss, optimizer, metrics) -> None:
@@ -345,7 +394,7 @@ def _train(model, plan: Plan, start: _Start, train_data, stream_from, *, epochs,
         with scope():
             _build_state(model, plan, train_data.sample_batch)
             if progress is not None:
-                progress, metric_values = backup.restore(model, plan)
+                progress, metric_values = backup.restore(model, plan, force=start.force_resume)
                 if verbose != 0 and distribution.is_chief:
                     print(f"kerasfast: resuming from {backup.path} at epoch {progress.epoch + 1}, step {progress.step}")
             if plan.train_step != "keras":
@@ -397,6 +446,7 @@ def fit(
     run_dir=None,
     backup_dir=None,
     backup_every: int = DEFAULT_EVERY_STEPS,
+    resume="auto",
     save_model_file: bool = True,
     data=None,
     **options,
@@ -442,6 +492,11 @@ def fit(
             workers); None: `run_dir/backup` when `run_dir` is given; False:
             off. A re-run with a backup there resumes exactly where it stopped.
         backup_every: Save the state every this many steps (and each epoch end).
+        resume: What to do with a backup found in `backup_dir`: "auto"
+            resumes it with the plan it recorded, refusing a run whose
+            arguments change what training computes (batch size, epochs,
+            learning rate, precision, ...); "force" resumes it anyway; "fresh"
+            discards it and starts again.
         save_model_file: Save the trained model as `model.keras` in the run folder.
         data: The training data by its older name (same as `x`).
         **options: kerasfast's overrides of its automatic choices
@@ -470,11 +525,11 @@ def fit(
         if x is not None:
             raise PlanError("fit got both x= and data=: pass the training data once (x= is Keras's name).")
         x = data
-    _check_run_arguments(epochs, initial_epoch, validation_freq, steps_per_epoch, validation_steps)
+    _check_run_arguments(epochs, initial_epoch, validation_freq, steps_per_epoch, validation_steps, resume)
     overrides = Overrides.from_options({**options, "batch_size": batch_size, "steps_per_epoch": steps_per_epoch})
     callbacks = list(callbacks or [])
     start = _start(overrides, strategy=strategy, run_dir=run_dir, backup_dir=backup_dir, backup_every=backup_every,
-                   seed=seed)
+                   seed=seed, resume=resume)
     distribution = start.distribution
     tf_strategy = distribution.strategy
 
@@ -499,6 +554,8 @@ def fit(
         check_inputs_match(train_model, train_data.sample_inputs)
     model_facts = _model_facts(train_model, train_data, optimizer)
     plan = _plan_run(start, overrides, model_facts, train_data, epochs=epochs, callbacks=callbacks, prune=prune)
+    if start.progress is not None:
+        _check_resumable(plan, start)
     with tf_strategy.scope() if tf_strategy is not None else contextlib.nullcontext():
         if prepared.rebuilt:
             _compile_copy(train_model, prepared.user_model, plan, loss=loss, optimizer=optimizer, metrics=metrics)
@@ -591,11 +648,10 @@ def _run_folder(run_dir, distribution, cleanup):
 
 def _finish(prepared, plan, start, train_data, history, meter, folder, pruned_layers, *, save_model_file,
             verbose) -> FitResult:
-    """Folds pruning in, carries a copy's state back, writes the run folder."""
+    """Folds pruning in, carries a copy's state back, writes the run folder,
+    and only then clears the backup: a finished run is never lost."""
     distribution = start.distribution
     train_model = prepared.train_model
-    if start.backup is not None:
-        start.backup.clear()
     pruning_summary = None
     if pruned_layers is not None:
         from kerasfast.compress import finalize_pruning
@@ -616,14 +672,11 @@ def _finish(prepared, plan, start, train_data, history, meter, folder, pruned_la
         input_report=input_advice(throughput.input_wait_fraction, train_data.source),
     )
     if folder is not None:
-        write_json(folder / "history.json", history.history)
-        write_json(folder / "result.json", result.summary())
-        if pruning_summary is not None:
-            write_json(folder / "pruning.json", pruning_summary)
-        if save_model_file:
-            save_model(train_model, folder / "model.keras")
+        _write_run_files(folder, result, train_model if save_model_file else None, start.backup)
         if not distribution.is_chief:
             result.run_dir = None
+    if start.backup is not None:
+        start.backup.clear()
     if verbose != 0 and distribution.is_chief:
         print(f"kerasfast: {result.input_report}")
         if throughput.samples_per_second:
@@ -633,3 +686,27 @@ def _finish(prepared, plan, start, train_data, history, meter, folder, pruned_la
         else:
             print("kerasfast: run too short to measure throughput (only the first, compiling execution ran)")
     return result
+
+
+def _write_run_files(folder, result: FitResult, model, backup) -> None:
+    """history.json, result.json, pruning.json and model.keras, each durable.
+
+    Raises:
+        RunFolderError: When a file cannot be written; it names the file and
+            whether the training-state backup was kept for a re-run.
+    """
+    try:
+        write_json(folder / "history.json", result.history.history)
+        write_json(folder / "result.json", result.summary())
+        if result.pruning is not None:
+            write_json(folder / "pruning.json", result.pruning)
+        if model is not None:
+            save_model(model, folder / "model.keras")
+    except OSError as error:
+        kept = (f"the trained state is kept in {backup.path}: re-run the same command to write the files again "
+                "without retraining") if backup is not None and backup.path.is_file() else \
+            "no backup was kept (backup_dir=False)"
+        raise RunFolderError(
+            f"training finished but {error.filename or folder} could not be written ({error.strerror or error}); "
+            f"{kept}. Free space or fix permissions there, or pass another run_dir=."
+        ) from error
