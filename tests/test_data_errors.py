@@ -1,11 +1,13 @@
 """Bad input: every case names the file (and record where it can be known) and the way out.
 
 Damaged files are made by editing real TFRecord bytes: a flipped byte inside a
-record's data breaks its CRC32C, a cut-off end truncates the last record.
+record's data breaks its CRC32C, a cut-off end truncates the last record, a
+record re-written without a key no longer fits the schema.
 """
 
 import json
 import os
+import re
 import shutil
 import struct
 
@@ -226,3 +228,107 @@ def test_invalid_arguments_are_refused_clearly(dataset):
         kd.write_tfrecords((np.zeros((2, 1)),), dataset / "x", compression="bz2")
     with pytest.raises(DataError, match="label 'nope'"):
         kd.tfrecord_dataset(dataset, batch_size=2, label="nope")
+
+
+# -- counts against the schema, locating damage after TensorFlow failed ---------
+
+def drop_key(path, index, key="x"):
+    """Rewrites the file with record `index` re-serialized without `key` (a record the schema does not fit)."""
+    records = [r.numpy() for r in tf.data.TFRecordDataset(path)]
+    example = tf.train.Example.FromString(records[index])
+    del example.features.feature[key]
+    records[index] = example.SerializeToString()
+    with tf.io.TFRecordWriter(path) as w:
+        for r in records:
+            w.write(r)
+
+
+def test_check_counts_readable_records_against_what_the_schema_promises(dataset):
+    corrupt_data(shard(dataset, 0), 2)
+    path = shard(dataset, 1)
+    cut = record_offsets(path)[3] + 20  # inside record 3: it and the two after it are lost
+    open(path, "r+b").truncate(cut)
+    report = kd.check_tfrecords(dataset)
+    assert (report.promised, report.num_records, report.num_good) == (12, 9, 8)  # 9 whole records found
+    offset = record_offsets(shard(dataset, 0))[2]
+    assert report.summary().startswith(
+        f"8 of 12 records readable (schema.json promises 12): first damage at {shard(dataset, 0)}, record 2 "
+        f"(byte offset {offset}); 2 problem(s) in 2 of 2 file(s):")
+    assert "record 3 is truncated" in report.summary()
+    with pytest.raises(DataError, match=r"8 of 12 records readable \(schema\.json promises 12\)"):
+        kd.tfrecord_dataset(dataset, batch_size=4, validate="full")
+
+
+def test_locate_damage_finds_a_flipped_byte_with_file_record_and_offset(dataset):
+    assert kd.locate_damage(dataset) is None
+    corrupt_data(shard(dataset, 1), 4)
+    problem = kd.locate_damage(dataset)
+    assert (problem.file, problem.index, problem.offset, problem.kind) == (
+        shard(dataset, 1), 4, record_offsets(shard(dataset, 1))[4], "bad_data_crc")
+    assert str(problem).startswith(f"{shard(dataset, 1)}, record 4 (byte offset {problem.offset}): ")
+    # The same for a plain list of files without a schema: framing and CRC only.
+    os.remove(dataset / "schema.json")
+    assert kd.locate_damage([shard(dataset, 0), shard(dataset, 1)]).index == 4
+
+
+def test_locate_damage_finds_a_truncated_file(dataset):
+    truncate(shard(dataset, 0), 30)
+    problem = kd.locate_damage(str(dataset / "*.tfrecord"))
+    assert (problem.file, problem.index, problem.kind) == (shard(dataset, 0), 5, "truncated")
+    assert problem.offset == record_offsets(shard(dataset, 0))[5]
+
+
+def test_locate_damage_finds_a_record_missing_a_key(dataset):
+    drop_key(shard(dataset, 1), 4)
+    problem = kd.locate_damage(dataset)
+    assert (problem.file, problem.index, problem.kind) == (shard(dataset, 1), 4, "parse")
+    assert problem.offset == record_offsets(shard(dataset, 1))[4]
+    assert "Feature: x" in problem.message and "required" in problem.message
+    # on_error="skip" leaves that one record out and keeps the rest (shard 1 record 4 is label 9).
+    with pytest.warns(UserWarning, match=r"left out 1 bad.*data-00001-of-00002\.tfrecord, record 4"):
+        ds = kd.tfrecord_dataset(dataset, batch_size=4, on_error="skip")
+    assert labels(ds) == [i for i in range(N) if i != 9]
+
+
+def test_damage_error_turns_tensorflow_errors_into_data_errors(dataset):
+    corrupt_data(shard(dataset, 1), 4)  # past the quick check: TensorFlow fails mid-read, without the file
+    ds = kd.tfrecord_dataset(dataset, batch_size=4, shuffle=False)
+    with pytest.raises(tf.errors.DataLossError) as caught:
+        list(ds)
+    error = kd.damage_error(str(dataset), caught.value)
+    offset = record_offsets(shard(dataset, 1))[4]
+    assert isinstance(error, DataError)
+    assert str(error).startswith(f"{shard(dataset, 1)}, record 4 (byte offset {offset}): record 4 is corrupted")
+    assert "on_error='skip'" in str(error) and "TensorFlow said: DataLossError" in str(error)
+    assert str(kd.damage_error(ds, caught.value)) == str(error)  # the dataset itself will do as well
+
+    corrupt_data(shard(dataset, 1), 4)  # flipped back: intact again
+    drop_key(shard(dataset, 1), 4)  # now a parse error instead (InvalidArgumentError in TensorFlow)
+    with pytest.raises(tf.errors.InvalidArgumentError) as caught:
+        list(kd.tfrecord_dataset(dataset, batch_size=4, shuffle=False, validate="none"))
+    message = str(kd.damage_error(dataset, caught.value))
+    assert f"{shard(dataset, 1)}, record 4" in message and "Feature: x" in message
+    assert "pass on_error='skip' to skip damaged records" in message
+
+
+def test_damage_error_falls_back_to_the_original_message_and_the_files(dataset, tmp_path):
+    error = tf.errors.InvalidArgumentError(None, None, "logits and labels must have the same first dimension")
+    message = str(kd.damage_error(dataset, error))
+    assert "finds no damage" in message and shard(dataset, 0) in message and "same first dimension" in message
+    missing = str(kd.damage_error(tmp_path / "gone", tf.errors.DataLossError(None, None, "corrupted record at 0")))
+    assert "gone not found" in missing and "TensorFlow said: DataLossError: corrupted record at 0" in missing
+
+
+# -- shard names must stay inside the dataset folder ---------------------------
+
+@pytest.mark.parametrize("entry", ["../x.tfrecord", "/etc/passwd", "sub/../../x.tfrecord", "..\\x.tfrecord", ""])
+def test_schema_naming_files_outside_its_folder_is_refused(dataset, entry):
+    schema = json.loads((dataset / "schema.json").read_text())
+    schema["shards"][1]["file"] = entry
+    (dataset / "schema.json").write_text(json.dumps(schema))
+    pattern = rf"{re.escape(str(dataset / 'schema.json'))} lists shard {re.escape(repr(entry))}, which is not a " \
+              rf"file inside the dataset folder"
+    with pytest.raises(DataError, match=pattern):
+        kd.tfrecord_dataset(dataset, batch_size=2)
+    with pytest.raises(DataError, match=pattern):
+        kd.check_tfrecords(str(dataset / "*.tfrecord"))

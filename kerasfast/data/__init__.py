@@ -1,7 +1,8 @@
 """kerasfast.data: TFRecord input pipelines at full speed.
 
 Write any source to TFRecord shards with a schema beside them, read them back
-as a tuned `tf.data.Dataset`, check files for damage, and time a pipeline.
+as a tuned `tf.data.Dataset`, check files for damage (and locate it after
+TensorFlow failed on it), and time a pipeline.
 
 Example:
 
@@ -27,7 +28,7 @@ from kerasfast.data.reader import (
     tfrecord_dataset,
 )
 from kerasfast.data.schema import SCHEMA_FILENAME, FeatureSchema, Schema
-from kerasfast.data.validation import ValidationReport, check_tfrecords
+from kerasfast.data.validation import ValidationReport, check_tfrecords, damage_error, locate_damage
 from kerasfast.data.writer import WriteResult, write_tfrecords
 
 __all__ = [
@@ -44,8 +45,10 @@ __all__ = [
     "array_dataset",
     "benchmark",
     "check_tfrecords",
+    "damage_error",
     "dataset_info",
     "explain_data_error",
+    "locate_damage",
     "tfrecord_dataset",
     "write_tfrecords",
 ]

@@ -19,6 +19,8 @@ from kerasfast.data.validation import (
     file_compression,
     good_records,
     make_checked_decoder,
+    no_damage_error,
+    promised_records,
     quick_check,
 )
 from kerasfast.data.messages import tf_error_text
@@ -310,7 +312,7 @@ def tfrecord_dataset(
         checked_decoder = make_checked_decoder(schema, image_size)
         reports = [check_file(f, schema, expected, resolved.expected.get(os.path.abspath(f)), checked_decoder)
                    for f in files]
-        validation = ValidationReport(reports, resolved.schema_path)
+        validation = ValidationReport(reports, resolved.schema_path, promised_records(files, resolved.expected))
         if not validation.ok and on_error == "raise":
             raise DataError(validation.summary() + "\nFix the files, or pass on_error='skip' to read the good records.")
         comps = {r.file: r.compression for r in reports}
@@ -578,10 +580,7 @@ def explain_data_error(error: BaseException, dataset_or_info: Any) -> DataError:
     decoder = make_checked_decoder(info.schema)
     reports = [check_file(f, info.schema, expected, None, decoder) for f in info.files]
     report = ValidationReport(reports, info.schema_path)
-    first_line = tf_error_text(error)
     if report.ok:
-        return DataError(f"reading the data failed ({type(error).__name__}: {first_line}), but a record-by-record "
-                         f"check of its {len(info.files)} file(s) finds no problem: the files may have changed "
-                         f"while reading; check the storage and retry.")
-    return DataError(report.summary() + f"\n(TensorFlow said: {first_line}) Fix the files, or read with "
+        return no_damage_error(info.files, error)
+    return DataError(report.summary() + f"\n(TensorFlow said: {tf_error_text(error)}) Fix the files, or read with "
                      f"on_error='skip' to use the good records.")

@@ -114,6 +114,25 @@ class ShardInfo:
     num_bytes: int
 
 
+def check_shard_name(name: Any, schema_path: str) -> None:
+    """Refuses a shard entry that is not a plain file name in the folder of its schema.
+
+    A schema.json is data that may come from elsewhere (a downloaded dataset):
+    an absolute path or a '..' in it would make the reader open any file on
+    the machine. `write_tfrecords` only ever writes plain file names.
+
+    Raises:
+        DataError: naming the schema file and the entry.
+    """
+    if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name \
+            or os.path.splitdrive(name)[0]:
+        raise DataError(
+            f"{schema_path} lists shard {name!r}, which is not a file inside the dataset folder (shards must be "
+            f"plain file names beside the schema, so that a schema cannot make the reader open other files); "
+            f"fix the entry, or re-run the conversion."
+        )
+
+
 @dataclasses.dataclass
 class Schema:
     """Everything needed to read a set of TFRecord shards without a feature spec.
@@ -192,7 +211,7 @@ class Schema:
                 f"({SCHEMA_VERSION}); upgrade kerasfast."
             )
         try:
-            return cls(
+            schema = cls(
                 features=[FeatureSchema.from_json(f) for f in obj["features"]],
                 label=obj.get("label"),
                 compression=obj.get("compression"),
@@ -204,12 +223,21 @@ class Schema:
             )
         except (KeyError, TypeError) as exc:
             raise DataError(f"{path} is not a valid kerasfast schema ({exc}); re-run the conversion.") from exc
+        for shard in schema.shards:
+            check_shard_name(shard.file, path)
+        return schema
 
-    def save(self, path: str) -> None:
-        """Writes the schema atomically (temporary file, then rename)."""
+    def save(self, path: str, extra: Mapping | None = None) -> None:
+        """Writes the schema atomically (temporary file, then rename).
+
+        Args:
+            path: where to write.
+            extra: further top-level keys to store beside the schema's own
+                (`from_json` ignores them).
+        """
         tmp = f"{path}.tmp-{os.getpid()}"
         with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(self.to_json(), fh, indent=2)
+            json.dump({**self.to_json(), **(extra or {})}, fh, indent=2)
             fh.write("\n")
             fh.flush()
             os.fsync(fh.fileno())

@@ -8,6 +8,10 @@ Two levels:
 * `check_tfrecords` (full): every record of every file, framing, CRC32C,
   record counts and parsing/decoding with the schema, each problem reported
   with file, record index and byte offset.
+
+And after TensorFlow tripped over it (its errors name no file):
+`locate_damage` finds the first damaged place, `damage_error` turns the
+TensorFlow error into a `DataError` that names it.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from kerasfast.data.framing import (
     iter_frames,
     sniff_compression,
 )
-from kerasfast.data.schema import Schema, normalize_compression
+from kerasfast.data.schema import SCHEMA_FILENAME, Schema, normalize_compression
 from kerasfast.data.messages import tf_error_text
 from kerasfast.errors import DataError
 
@@ -67,10 +71,16 @@ class ValidationReport:
 
     files: list  # of FileReport
     schema_path: str | None = None
+    promised: int | None = None  # records schema.json lists for these files; None without a schema
 
     @property
     def problems(self) -> list:
         return [p for f in self.files for p in f.problems]
+
+    @property
+    def first_damage(self) -> RecordProblem | None:
+        """The first problem in file order, lowest record index first."""
+        return next((f.problems[0] for f in self.files if f.problems), None)
 
     @property
     def ok(self) -> bool:
@@ -88,8 +98,14 @@ class ValidationReport:
         if self.ok:
             return f"{len(self.files)} file(s), {self.num_records} records, no problems found."
         probs = self.problems
-        lines = [f"{len(probs)} problem(s) in {sum(1 for f in self.files if f.problems)} of {len(self.files)} "
-                 f"file(s); {self.num_good} of {self.num_records} records readable:"]
+        # Against the schema's count: records after a truncation are not found, so not counted, otherwise.
+        if self.promised is not None:
+            readable = f"{self.num_good} of {self.promised} records readable ({SCHEMA_FILENAME} promises " \
+                       f"{self.promised})"
+        else:
+            readable = f"{self.num_good} of the {self.num_records} records found are readable"
+        lines = [f"{readable}: first damage at {self.first_damage.where()}; {len(probs)} problem(s) in "
+                 f"{sum(1 for f in self.files if f.problems)} of {len(self.files)} file(s):"]
         lines += [f"  - {p}" for p in probs[:MAX_SHOWN]]
         if len(probs) > MAX_SHOWN:
             lines.append(f"  ... and {len(probs) - MAX_SHOWN} more (see report.problems)")
@@ -101,6 +117,12 @@ class ValidationReport:
         """Raises a `DataError` describing the problems, if there are any."""
         if not self.ok:
             raise DataError(self.summary())
+
+
+def promised_records(files: Iterable[str], expected_shards: Mapping) -> int | None:
+    """Records schema.json lists for `files`, or None when it does not list them all."""
+    shards = [expected_shards.get(os.path.abspath(f)) for f in files]
+    return sum(s.num_records for s in shards) if shards and all(shards) else None
 
 
 def expected_compression(resolved_schema: Schema, compression: Any, from_schema_file: bool):
@@ -209,7 +231,114 @@ def check_tfrecords(
     decoder = make_checked_decoder(resolved.schema, image_size) if parse else None
     reports = [check_file(f, resolved.schema, expected, resolved.expected.get(os.path.abspath(f)), decoder)
                for f in resolved.files]
-    return ValidationReport(reports, resolved.schema_path)
+    return ValidationReport(reports, resolved.schema_path, promised_records(resolved.files, resolved.expected))
+
+
+def locate_damage(
+    path_or_files: Any,
+    *,
+    features: Schema | Mapping | None = None,
+    compression: str | None = "auto",
+    image_size=None,
+) -> RecordProblem | None:
+    """Finds the first damaged place in TFRecord files.
+
+    Reads the files in order, record by record, and stops at the first file
+    with a problem: framing (lengths, CRC32C, truncation, compression), record
+    count against schema.json, then parsing against the schema (e.g. a record
+    without a key the schema requires) and decoding. Without a schema (and no
+    `features=`) only the framing is checked.
+
+    Args:
+        path_or_files: folder, glob, file or list of files, as given to
+            `tfrecord_dataset`, or a dataset it returned (or its `DatasetInfo`).
+        features: explicit `Schema` or feature spec for files without schema.json.
+        compression: "auto" (schema's, else detected per file), None, "GZIP"
+            or "ZLIB".
+        image_size: resize target, as passed to `tfrecord_dataset`.
+
+    Returns:
+        The first `RecordProblem` (`file`, `index`, `offset`, `kind`,
+        `message`; `str()` gives all of it), or None when nothing is wrong.
+
+    Raises:
+        DataError: when the files cannot be found or their schema is invalid.
+
+    Example:
+
+    >>> problem = kerasfast.data.locate_damage("data/train")   # doctest: +SKIP
+    >>> problem.file, problem.index, problem.offset, problem.kind  # doctest: +SKIP
+    """
+    return _scan(path_or_files, features, compression, image_size)[1]
+
+
+def _scan(path_or_files, features, compression, image_size) -> tuple:
+    """(files, first problem or None) of `locate_damage`."""
+    info = getattr(path_or_files, "kerasfast_info", path_or_files)
+    if hasattr(info, "files") and hasattr(info, "schema"):  # a dataset from tfrecord_dataset, or its DatasetInfo
+        path_or_files, features = info.files, features or info.schema
+    resolved = resolve_files(path_or_files, features=features, require_schema=False)
+    schema = resolved.schema
+    expected = expected_compression(schema, compression, resolved.schema_path is not None)
+    decoder = make_checked_decoder(schema, image_size) if schema is not None else None
+    for f in resolved.files:
+        report = check_file(f, schema, expected, resolved.expected.get(os.path.abspath(f)), decoder)
+        if report.problems:
+            return resolved.files, report.problems[0]
+    return resolved.files, None
+
+
+SKIP_HINT = "fix or remove the file, or pass on_error='skip' to skip damaged records"
+
+
+def damage_error(
+    path_or_files: Any,
+    error: BaseException,
+    *,
+    features: Schema | Mapping | None = None,
+    image_size=None,
+) -> DataError:
+    """Turns an error TensorFlow raised while reading into a `DataError` that names the damage.
+
+    TensorFlow says e.g. "corrupted record at 184" without the file. Call this
+    where `tf.errors.DataLossError` / `InvalidArgumentError` is caught:
+    `raise damage_error(path, e) from e`. It runs `locate_damage` and never
+    raises itself, so the original error is never hidden.
+
+    Args:
+        path_or_files: what was read: folder, glob, file or list of files, or
+            a dataset from `tfrecord_dataset` (or its `DatasetInfo`).
+        error: the exception TensorFlow raised.
+        features: as given to `tfrecord_dataset`, for files without schema.json.
+        image_size: as given to `tfrecord_dataset`.
+
+    Returns:
+        A `DataError`: "<file>, record 17 (byte offset 4096): <what is wrong>
+        ... (TensorFlow said: ...)", or, when the files show no damage, the
+        original message with the files that were checked.
+    """
+    said = f"(TensorFlow said: {type(error).__name__}: {tf_error_text(error)})"
+    try:
+        files, problem = _scan(path_or_files, features, "auto", image_size)
+    except DataError as exc:  # the files cannot even be listed: that is the explanation
+        return DataError(f"{exc} {said}")
+    except Exception as exc:  # noqa: BLE001 - an explanation must never replace the error it explains
+        return DataError(f"reading {path_or_files} failed {said}; locating the damage failed too "
+                         f"({type(exc).__name__}: {exc}).")
+    if problem is None:
+        return no_damage_error(files, error)
+    hint = "" if "on_error='skip'" in problem.message else f" — {SKIP_HINT}."
+    return DataError(f"{problem}{hint} {said}")
+
+
+def no_damage_error(files: list, error: BaseException) -> DataError:
+    """The `DataError` for a read that failed although a full check of its files finds nothing."""
+    shown = ", ".join(files[:3]) + (f" (and {len(files) - 3} more)" if len(files) > 3 else "")
+    return DataError(
+        f"reading the data failed ({type(error).__name__}: {tf_error_text(error)}), but a record-by-record "
+        f"check of its {len(files)} file(s) finds no damage: {shown}. The error may not come from the files "
+        f"(check the data values against the model), or the files changed while reading: check the storage "
+        f"and retry.")
 
 
 def check_file(path: str, schema: Schema, expected_comp, shard=None, decoder=None) -> FileReport:

@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from kerasfast.data.files import PENDING_FILENAME, load_folder
 from kerasfast.data.schema import (
     FLOAT_LIST_DTYPES,
     INT_LIST_DTYPES,
@@ -35,6 +36,10 @@ MIN_AUTO_SHARDS = 8
 COMPRESSION_SUFFIX = {None: "", "GZIP": ".gz", "ZLIB": ".zlib"}
 _SHARD_RE = r"-\d{5}-of-\d{5}\.tfrecord(\.gz|\.zlib)?$"
 _PARTIAL_MARK = ".partial-"
+# Test-only: KERASFAST_TEST_CRASH_AT=k ends the process with os._exit(CRASH_EXIT_CODE) right after commit
+# step k, as a kill would (no cleanup, no finally), so tests can stop a write at every step of its commit.
+CRASH_ENV = "KERASFAST_TEST_CRASH_AT"
+CRASH_EXIT_CODE = 75
 
 
 @dataclasses.dataclass
@@ -120,11 +125,16 @@ def write_tfrecords(
 
     Records are streamed: memory stays bounded by one chunk of records plus one
     open writer per shard, however large the source is. Records go to the
-    shards round-robin, so shards differ by at most one record. Each shard is
-    written under a temporary name and renamed when complete, and
-    `schema.json` is written last: a folder with a schema holds a complete
-    dataset, and an interrupted run leaves the previous dataset (if any) as
-    it was. Re-running overwrites cleanly, removing shards of the old run.
+    shards round-robin, so shards differ by at most one record.
+
+    Crash-safe at every instant: the shards are written under temporary
+    names; then one atomic rename of a commit record (schema.json.pending:
+    the new schema and each shard's temporary name) switches the folder to
+    the new dataset; the shards are then renamed, schema.json replaced and
+    old shards removed. Killed before the commit point, the folder reads as
+    the previous dataset (if any); after it, as the new one (the reader
+    follows the commit record), and the next run finishes the commit.
+    Re-running overwrites cleanly, removing shards of the old run.
 
     Args:
         source: a dict or `(x, y)` tuple of NumPy arrays (first dimension =
@@ -188,13 +198,18 @@ def write_tfrecords(
 
     out_dir = os.fspath(out_dir)
     schema_path = os.path.join(out_dir, SCHEMA_FILENAME)
-    if not overwrite and os.path.exists(schema_path):
+    pending_path = os.path.join(out_dir, PENDING_FILENAME)
+    if not overwrite and (os.path.exists(schema_path) or os.path.exists(pending_path)):
         raise DataError(f"{out_dir} already holds a dataset ({SCHEMA_FILENAME}); pass overwrite=True "
                         f"(--overwrite) to replace it, or choose another folder.")
     src = open_source(source, label=label, shuffle=shuffle, seed=seed, source_type=source_type,
                       text_unit=text_unit, csv_dtypes=csv_dtypes)
     os.makedirs(out_dir, exist_ok=True)
+    # A run killed after its commit point left the new dataset half renamed: finish that first, since
+    # the temporary files removed next may be its shards.
+    _roll_forward(out_dir)
     _remove_partials(out_dir, prefix)
+    steps = _CommitSteps()
 
     count = int(shards) if shards is not None else auto_shard_count(
         src.num_records, src.estimated_bytes, target_shard_bytes)
@@ -239,22 +254,17 @@ def write_tfrecords(
                             + (f" ({len(skipped)} bad, first: {skipped[0][0]}: {skipped[0][1]})" if skipped else "")
                             + "; nothing was written.")
 
-        # Commit: only non-empty shards are kept, named by their final count.
+        # Only non-empty shards are kept, named by their final count.
         kept = [i for i in range(count) if counts[i]]
         final_names = [shard_name(prefix, k, len(kept), compression) for k in range(len(kept))]
-        for i in kept:
-            _fsync(tmp_paths[i])
-        if os.path.exists(schema_path):
-            os.remove(schema_path)  # the old dataset stops being "complete" before its shards change
-        _remove_old_shards(out_dir, prefix, keep=set())
-        shard_infos = []
-        for k, i in enumerate(kept):
-            final = os.path.join(out_dir, final_names[k])
-            os.replace(tmp_paths[i], final)
-            shard_infos.append(ShardInfo(final_names[k], counts[i], os.path.getsize(final)))
         for i in range(count):
-            if not counts[i] and os.path.exists(tmp_paths[i]):
+            if counts[i]:
+                _fsync(tmp_paths[i])
+            else:
                 os.remove(tmp_paths[i])
+        steps()  # 1: new shards complete under temporary names; the old dataset is untouched
+        shard_infos = [ShardInfo(final_names[k], counts[i], os.path.getsize(tmp_paths[i]))
+                       for k, i in enumerate(kept)]
         schema = Schema(
             features=encoder.final_features(),
             label=src.label,
@@ -265,8 +275,13 @@ def write_tfrecords(
             source=src.description,
             shuffled=src.shuffled,
         )
-        schema.save(schema_path)
-        committed = True
+        # The commit point: one atomic rename makes the new dataset the folder's dataset.
+        partials = {final_names[k]: os.path.basename(tmp_paths[i]) for k, i in enumerate(kept)}
+        schema.save(pending_path, extra={"pending": {"partials": partials}})
+        _fsync_dir(out_dir)
+        committed = True  # from here the temporary files are the new dataset: never delete them
+        steps()  # 2
+        _roll_forward(out_dir, steps)
     finally:
         if not committed:
             for w in writers:
@@ -298,12 +313,70 @@ def _fsync(path):
         os.fsync(fh.fileno())
 
 
+def _fsync_dir(path):
+    """Makes renames in `path` durable: without it a power cut may undo them after the files' own fsync."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # Windows cannot open a folder; its renames are journaled by NTFS
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems do not support fsync on a folder
+        pass
+    finally:
+        os.close(fd)
+
+
+class _CommitSteps:
+    """Counts the steps of a commit; with CRASH_ENV=k set (tests only) the process dies after step k."""
+
+    def __init__(self):
+        self.done = 0
+        self.crash_at = int(os.environ.get(CRASH_ENV) or 0)
+
+    def __call__(self):
+        self.done += 1
+        if self.done == self.crash_at:
+            os._exit(CRASH_EXIT_CODE)
+
+
+def _roll_forward(out_dir, steps=lambda: None):
+    """Finishes a commit whose record (schema.json.pending) exists; does nothing otherwise.
+
+    The steps, each leaving a folder `load_folder` reads as the new dataset:
+    rename each shard to its final name (replacing an old shard of the same
+    name), replace schema.json, remove old shards the new dataset does not
+    list, remove the commit record. Every step can be repeated, so a run
+    killed anywhere in here is finished by the next one.
+    """
+    dataset = load_folder(out_dir)
+    if dataset is None or not dataset.pending:
+        return
+    for shard, path in zip(dataset.schema.shards, dataset.files):
+        final = os.path.join(out_dir, shard.file)
+        if path != final:
+            os.replace(path, final)
+            steps()  # 3 .. 2 + shards
+    _fsync_dir(out_dir)
+    dataset.schema.save(os.path.join(out_dir, SCHEMA_FILENAME))
+    steps()
+    keep = {s.file for s in dataset.schema.shards}
+    for prefix in {re.sub(_SHARD_RE, "", name) for name in keep}:
+        _remove_old_shards(out_dir, prefix, keep)
+    steps()
+    # Removed last, so that a run killed before this line is finished again (every step repeats safely).
+    os.remove(dataset.schema_path)
+    _fsync_dir(out_dir)
+    steps()
+
+
 def _remove_partials(out_dir, prefix):
     """Temporary shards of an interrupted earlier run are never complete: remove them."""
     for p in glob.glob(os.path.join(glob.escape(out_dir), f".{glob.escape(prefix)}-*{_PARTIAL_MARK}*")):
         os.remove(p)
-    for p in glob.glob(os.path.join(glob.escape(out_dir), f"{SCHEMA_FILENAME}.tmp-*")):
-        os.remove(p)
+    for name in (SCHEMA_FILENAME, PENDING_FILENAME):
+        for p in glob.glob(os.path.join(glob.escape(out_dir), f"{name}.tmp-*")):
+            os.remove(p)
 
 
 def _remove_old_shards(out_dir, prefix, keep):
