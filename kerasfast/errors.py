@@ -34,3 +34,8 @@ class RunFolderError(KerasfastError, OSError):
     Raised after training; the training-state backup is kept, so re-running
     the same command restores the trained state and only redoes the writing.
     """
+
+
+class TrainingError(KerasfastError, RuntimeError):
+    """Training that went wrong while running (e.g. a loss that diverged
+    more often than it may be recovered); the model holds the last good state."""

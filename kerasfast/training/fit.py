@@ -42,7 +42,8 @@ from kerasfast.training.inputs import check_inputs_match, prepare_data, sharded_
 from kerasfast.training.models import PreparedModel, computing_in, copy_optimizer_state, copy_weights, prepare_model
 from kerasfast.training.precision import graph_precision
 from kerasfast.training.session import model_attributes_restored, optimizer_settings
-from kerasfast.training.backup import DEFAULT_EVERY_STEPS, Backup
+from kerasfast.training.backup import DEFAULT_EVERY_STEPS, Backup, training_variables
+from kerasfast.training.guard import ON_NAN, DivergenceGuard, check_finite
 from kerasfast.training.loop import run_epochs, stream_factory
 from kerasfast.training.throughput import Throughput, ThroughputMeter, input_advice, samples_counter
 
@@ -70,6 +71,8 @@ class FitResult:
             sparsity; dense layers with the reason), or None.
         input_report: Whether training waited for its input, measured
             during the run, and what to do about it.
+        recoveries: Each divergence the run recovered from (`on_nan`):
+            `{"epoch", "step", "problem"}`.
     """
 
     history: keras.callbacks.History
@@ -82,6 +85,7 @@ class FitResult:
     model_preparation: str
     pruning: list | None = None
     input_report: str = ""
+    recoveries: list = dataclasses.field(default_factory=list)
 
     def summary(self) -> dict:
         """The result as JSON-ready data (what `result.json` holds)."""
@@ -92,6 +96,7 @@ class FitResult:
             "input": self.input_report,
             "final_metrics": {k: v[-1] for k, v in self.history.history.items() if v},
             "epochs": len(self.history.epoch),
+            "recoveries": self.recoveries,
         }
 
 
@@ -160,6 +165,16 @@ RESUME_MODES = ("auto", "force", "fresh")
 # user sets them: the choices kerasfast makes from measurements or the machine.
 _RECORDED_CHOICES = {"precision": "precision", "jit_compile": "jit_compile",
                      "steps_per_execution": "steps_per_execution"}
+
+
+def _check_divergence_arguments(on_nan, max_recoveries, loss_upper_bound) -> None:
+    if on_nan not in ON_NAN:
+        raise PlanError(f"on_nan={on_nan!r} is not valid: use one of {', '.join(map(repr, ON_NAN))}.")
+    if not _is_int(max_recoveries) or max_recoveries < 0:
+        raise PlanError(f"max_recoveries={max_recoveries!r} is not valid: use an integer >= 0.")
+    if loss_upper_bound is not None and (isinstance(loss_upper_bound, bool)
+                                         or not isinstance(loss_upper_bound, (int, float)) or loss_upper_bound <= 0):
+        raise PlanError(f"loss_upper_bound={loss_upper_bound!r} is not valid: use a positive number or None.")
 
 
 @dataclasses.dataclass
@@ -374,7 +389,7 @@ def _build_state(model, plan: Plan, sample_batch) -> None:
 
 
 def _train(model, plan: Plan, start: _Start, train_data, stream_from, *, epochs, initial_epoch, callbacks, verbose,
-           validation, meter_factory):
+           validation, meter_factory, divergence: dict):
     """Runs the planned epochs on the borrowed model; everything kerasfast
     changes on it for the run is undone when this returns or raises."""
     distribution, progress, backup = start.distribution, start.progress, start.backup
@@ -386,8 +401,9 @@ def _train(model, plan: Plan, start: _Start, train_data, stream_from, *, epochs,
     with contextlib.ExitStack() as borrowed:
         borrowed.enter_context(model_attributes_restored(model))
         borrowed.enter_context(computing_in(model, keras_policy(plan.precision), plan.remat))
-        borrowed.enter_context(optimizer_settings(model.optimizer, learning_rate=optimizers.planned_learning_rate(plan)
-                                                  if model.optimizer is not None else None, clipnorm=plan.clipnorm))
+        rate_control = borrowed.enter_context(optimizer_settings(
+            model.optimizer, learning_rate=optimizers.planned_learning_rate(plan) if model.optimizer is not None else None,
+            clipnorm=plan.clipnorm))
         borrowed.enter_context(graph_precision(plan.precision))
         metric_values = None
         steps = None
@@ -408,14 +424,17 @@ def _train(model, plan: Plan, start: _Start, train_data, stream_from, *, epochs,
                     model, tf_strategy or tf.distribute.get_strategy(), plan, done, optimizer=scaler,
                     own_test_step=keras_compat.overridden_step(model, "test_step") is not None)
         meter = meter_factory(progress, steps.input_wait_seconds if steps is not None else None)
+        guard = DivergenceGuard(**divergence, snapshot_every_steps=start.backup_every,
+                                grad_accum_steps=plan.grad_accum_steps, learning_rate=rate_control,
+                                variables=lambda: training_variables(model), is_chief=distribution.is_chief)
         with scope(), lost_peer_errors(distribution):
             history = run_epochs(
                 model, stream_from, plan=plan, epochs=epochs, initial_epoch=initial_epoch,
                 callbacks=callbacks + [meter], verbose=verbose if distribution.is_chief else 0,
                 validation=validation, backup=backup, backup_every=start.backup_every,
-                progress=progress, metric_values=metric_values, seed=start.seed,
+                progress=progress, metric_values=metric_values, seed=start.seed, guard=guard,
             )
-    return history, meter
+    return history, meter, guard
 
 
 def fit(
@@ -447,6 +466,9 @@ def fit(
     backup_dir=None,
     backup_every: int = DEFAULT_EVERY_STEPS,
     resume="auto",
+    on_nan="recover",
+    max_recoveries: int = 3,
+    loss_upper_bound=None,
     save_model_file: bool = True,
     data=None,
     **options,
@@ -497,6 +519,14 @@ def fit(
             arguments change what training computes (batch size, epochs,
             learning rate, precision, ...); "force" resumes it anyway; "fresh"
             discards it and starts again.
+        on_nan: When the loss becomes NaN/infinite or blows up (above
+            `loss_upper_bound`, or 10x the recent median): "recover" rolls
+            back to the last good state, halves the learning rate and goes on
+            with the next batches; "stop" rolls back and raises
+            `TrainingError`; "ignore" trains on, as Keras does. Array inputs
+            holding NaN/infinity are refused before training unless "ignore".
+        max_recoveries: Recoveries before the run stops with `TrainingError`.
+        loss_upper_bound: A loss above this counts as a blow-up (None: off).
         save_model_file: Save the trained model as `model.keras` in the run folder.
         data: The training data by its older name (same as `x`).
         **options: kerasfast's overrides of its automatic choices
@@ -526,6 +556,7 @@ def fit(
             raise PlanError("fit got both x= and data=: pass the training data once (x= is Keras's name).")
         x = data
     _check_run_arguments(epochs, initial_epoch, validation_freq, steps_per_epoch, validation_steps, resume)
+    _check_divergence_arguments(on_nan, max_recoveries, loss_upper_bound)
     overrides = Overrides.from_options({**options, "batch_size": batch_size, "steps_per_epoch": steps_per_epoch})
     callbacks = list(callbacks or [])
     start = _start(overrides, strategy=strategy, run_dir=run_dir, backup_dir=backup_dir, backup_every=backup_every,
@@ -539,6 +570,9 @@ def fit(
     if class_weight is not None and isinstance(x, (str, os.PathLike)) and distribution.name == "multi_worker":
         raise PlanError("class_weight= is not applied to TFRecords read per worker: write the weights into the "
                         "records (a sample_weight feature) or train on one machine.")
+    if on_nan != "ignore":
+        for what, value in (("x", x), ("y", y), ("sample_weight", sample_weight)):
+            check_finite(value, what)
     train_data = prepare_data(x, y, sample_weight, batch_size=batch_size, class_weight=class_weight, shuffle=shuffle,
                               seed=start.seed, repeat=True)
     validation = _validation_arguments(validation_data, validation_batch_size or batch_size, validation_steps,
@@ -593,11 +627,12 @@ def fit(
                                    plan.steps_per_epoch, first_step=progress.step if progress else 0,
                                    input_wait_seconds=input_wait)
 
-        history, meter = _train(train_model, plan, start, train_data, stream_from, epochs=epochs,
-                                initial_epoch=initial_epoch, callbacks=callbacks, verbose=verbose,
-                                validation=validation, meter_factory=meter_factory)
+        history, meter, guard = _train(
+            train_model, plan, start, train_data, stream_from, epochs=epochs, initial_epoch=initial_epoch,
+            callbacks=callbacks, verbose=verbose, validation=validation, meter_factory=meter_factory,
+            divergence=dict(on_nan=on_nan, max_recoveries=max_recoveries, loss_upper_bound=loss_upper_bound))
         return _finish(prepared, plan, start, train_data, history, meter, folder, pruned_layers,
-                       save_model_file=save_model_file, verbose=verbose)
+                       save_model_file=save_model_file, verbose=verbose, recoveries=guard.recoveries)
 
 
 def _validation_arguments(validation_data, batch_size, steps, freq, train_data) -> dict:
@@ -647,7 +682,7 @@ def _run_folder(run_dir, distribution, cleanup):
 
 
 def _finish(prepared, plan, start, train_data, history, meter, folder, pruned_layers, *, save_model_file,
-            verbose) -> FitResult:
+            verbose, recoveries) -> FitResult:
     """Folds pruning in, carries a copy's state back, writes the run folder,
     and only then clears the backup: a finished run is never lost."""
     distribution = start.distribution
@@ -669,10 +704,14 @@ def _finish(prepared, plan, start, train_data, history, meter, folder, pruned_la
     result = FitResult(
         history=history, plan=plan, throughput=throughput, model=prepared.user_model, train_model=train_model,
         run_dir=folder, data=train_data.description, model_preparation=prepared.how, pruning=pruning_summary,
-        input_report=input_advice(throughput.input_wait_fraction, train_data.source),
+        input_report=input_advice(throughput.input_wait_fraction, train_data.source), recoveries=recoveries,
     )
     if folder is not None:
-        _write_run_files(folder, result, train_model if save_model_file else None, start.backup)
+        broken = _non_finite_layers(train_model) if save_model_file else []
+        if broken and distribution.is_chief:
+            print(f"kerasfast: not saving model.keras: the weights of {', '.join(broken[:5])} are NaN or infinite "
+                  "(on_nan='ignore' trained on a diverged loss).")
+        _write_run_files(folder, result, train_model if save_model_file and not broken else None, start.backup)
         if not distribution.is_chief:
             result.run_dir = None
     if start.backup is not None:
@@ -686,6 +725,13 @@ def _finish(prepared, plan, start, train_data, history, meter, folder, pruned_la
         else:
             print("kerasfast: run too short to measure throughput (only the first, compiling execution ran)")
     return result
+
+
+def _non_finite_layers(model) -> list[str]:
+    """Names of the layers holding a NaN or infinite weight."""
+    return [layer.name for layer in model.layers or [model]
+            if any(not np.isfinite(keras.ops.convert_to_numpy(w)).all() for w in layer.weights
+                   if keras.backend.is_float_dtype(w.dtype))]
 
 
 def _write_run_files(folder, result: FitResult, model, backup) -> None:

@@ -63,7 +63,8 @@ def _merge(histories, earlier: dict, first_epoch: int) -> keras.callbacks.Histor
 
 def run_epochs(model, stream_from, *, plan, epochs: int, callbacks: list, verbose, validation: dict | None = None,
                initial_epoch: int = 0, backup: Backup | None = None, backup_every: int = 0,
-               progress: Progress | None = None, metric_values=None, seed: int = 0) -> keras.callbacks.History:
+               progress: Progress | None = None, metric_values=None, seed: int = 0,
+               guard: keras.callbacks.Callback | None = None) -> keras.callbacks.History:
     """Trains `model` (compiled, built) for the plan's epochs, saving backups and resuming.
 
     Args:
@@ -85,6 +86,8 @@ def run_epochs(model, stream_from, *, plan, epochs: int, callbacks: list, verbos
         metric_values: `(variable, value)` pairs restoring the metrics of a
             partly finished epoch.
         seed: The data seed to record in backups.
+        guard: A callback that must see each execution before the backup is
+            written (the `DivergenceGuard`), or None.
 
     Returns:
         The Keras `History` of the whole run, epochs before a resume included.
@@ -101,7 +104,7 @@ def run_epochs(model, stream_from, *, plan, epochs: int, callbacks: list, verbos
     earlier = dict(progress.history) if progress else {}
     for first_epoch, last_epoch, phase_steps, first_step in phases:
         done = first_epoch * steps + first_step if steps else 0
-        extra = []
+        extra = [guard] if guard is not None else []
         if backup is not None:
             done_logs = _merge(histories, earlier, first_epoch).history if histories else earlier
             extra.append(BackupCallback(backup, plan, seed, backup_every, first_epoch, first_step, done_logs))

@@ -101,3 +101,29 @@ class OneCycle(keras.optimizers.schedules.LearningRateSchedule):
             "div_factor": self.div_factor,
             "final_div_factor": self.final_div_factor,
         }
+
+
+@keras.saving.register_keras_serializable(package="kerasfast")
+class ScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """`schedule(step) * scale`, with `scale` a variable that can be lowered
+    after the schedule was traced (how a run recovers from a divergence).
+
+    Args:
+        schedule: A `LearningRateSchedule`.
+        scale: Initial multiplier.
+    """
+
+    def __init__(self, schedule, scale: float = 1.0):
+        self.schedule = schedule
+        self.scale = keras.Variable(scale, dtype="float32", trainable=False, name="learning_rate_scale")
+
+    def __call__(self, step):
+        return ops.cast(self.schedule(step), "float32") * self.scale
+
+    def get_config(self):
+        return {"schedule": keras.saving.serialize_keras_object(self.schedule),
+                "scale": float(ops.convert_to_numpy(self.scale))}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(keras.saving.deserialize_keras_object(config["schedule"]), config["scale"])

@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import contextlib
 
+import keras
+
 from kerasfast.distribute import keras_compat
+from kerasfast.training.schedules import ScaledSchedule
 
 # Set by `DistributedSteps.install()` (the functions) and read by Keras's fit.
 _INSTALLED = ("train_function", "test_function", "make_train_function", "make_test_function")
@@ -49,33 +52,54 @@ def model_attributes_restored(model):
         model.stop_training = False
 
 
+class LearningRateControl:
+    """Lowers an optimizer's learning rate during a run, whatever its form
+    (a variable, or a schedule wrapped in a `ScaledSchedule`)."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def lower(self, factor: float) -> None:
+        rate = self._inner._learning_rate
+        target = rate.scale if isinstance(rate, ScaledSchedule) else rate
+        target.assign(target * factor)
+
+    def current(self) -> float:
+        return float(keras.ops.convert_to_numpy(self._inner.learning_rate))
+
+
 @contextlib.contextmanager
 def optimizer_settings(optimizer, *, learning_rate=None, clipnorm=None):
     """Gives `optimizer` the plan's learning rate (a float or a schedule) and
     global-norm clipping inside the block, and its own back afterwards.
 
     The optimizer's state (iterations, moments) is untouched: it keeps
-    training and carries over to the next fit.
+    training and carries over to the next fit. A schedule runs wrapped in a
+    `ScaledSchedule`, so that the run can lower it.
+
+    Yields:
+        A `LearningRateControl` (None without an optimizer).
     """
-    if optimizer is None or (learning_rate is None and clipnorm is None):
-        yield
+    if optimizer is None:
+        yield None
         return
     from kerasfast.training.optimizers import unwrap
 
     inner = unwrap(optimizer)
     saved_rate = inner._learning_rate
     saved_clip = (inner.clipnorm, inner.clipvalue, inner.global_clipnorm)
-    saved_value = None
+    saved_value = saved_rate.numpy() if hasattr(saved_rate, "assign") else None
     try:
         if learning_rate is not None:
-            if isinstance(learning_rate, (int, float)) and hasattr(saved_rate, "assign"):
-                saved_value = saved_rate.numpy()
+            if isinstance(learning_rate, (int, float)) and saved_value is not None:
                 saved_rate.assign(learning_rate)
             else:
                 inner._learning_rate = learning_rate
+        if isinstance(inner._learning_rate, keras.optimizers.schedules.LearningRateSchedule):
+            inner._learning_rate = ScaledSchedule(inner._learning_rate)
         if clipnorm is not None:
             inner.clipnorm, inner.clipvalue, inner.global_clipnorm = None, None, clipnorm
-        yield
+        yield LearningRateControl(inner)
     finally:
         if saved_value is not None:
             saved_rate.assign(saved_value)

@@ -1,0 +1,224 @@
+"""Non-finite values: found in the data before training, caught and recovered from during it.
+
+Before training, `check_finite` scans array inputs (the cheap case: they are
+in memory) and names the first sample and input holding a NaN or infinity.
+
+During training, `DivergenceGuard` looks at every execution's loss (read
+from Keras's loss tracker: two scalars per execution, no extra pass over
+anything) and at every logged value. A loss that is not finite, or that
+jumps above `loss_upper_bound` or `SPIKE_FACTOR` times the median of the
+recent executions' losses (TF Model Garden's blow-up check), is a
+divergence. What happens then is `on_nan`:
+
+- "recover": put back the last good state (weights, optimizer, metrics),
+  halve the learning rate and carry on with the next batches (the ones that
+  diverged are skipped), at most `max_recoveries` times;
+- "stop": put back the last good state and raise `TrainingError`;
+- "ignore": what Keras does (train on).
+
+The last good state is a copy in host memory taken every
+`snapshot_every_steps` steps, at an update boundary, after an execution
+that was itself good.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+
+import keras
+import numpy as np
+
+from kerasfast.errors import DataError, TrainingError
+
+ON_NAN = ("recover", "stop", "ignore")
+# A loss this many times the median of recent executions' is a blow-up.
+SPIKE_FACTOR = 10.0
+# Executions seen before the spike check starts (early losses fall fast).
+SPIKE_WARMUP = 20
+RECOVERY_LR_FACTOR = 0.5
+
+
+def check_finite(structure, what: str = "x") -> None:
+    """Raises `DataError` naming the first NaN/infinity in float arrays.
+
+    Args:
+        structure: An array, or a dict / list / tuple of arrays.
+        what: How the structure is named in the message ("x", "y", ...).
+
+    Example:
+
+    >>> check_finite({"age": np.array([[1.0], [np.nan]])}, "x")
+    Traceback (most recent call last):
+    ...
+    kerasfast.errors.DataError: x['age'] holds a NaN at sample 1 ...
+    """
+    for path, array in _arrays(structure, what):
+        if not np.issubdtype(array.dtype, np.floating):
+            continue
+        finite = np.isfinite(array)
+        if finite.all():
+            continue
+        index = np.argwhere(~finite)[0]
+        value = array[tuple(index)]
+        kind = "NaN" if np.isnan(value) else "an infinite value"
+        count = int((~finite).reshape(len(array), -1).any(axis=1).sum()) if array.ndim else 1
+        position = f"sample {index[0]}" + (f", position {tuple(int(i) for i in index[1:])}" if len(index) > 1 else "")
+        raise DataError(
+            f"{path} holds {kind} at {position} ({count} sample(s) in all hold non-finite values); training on it "
+            "would make the weights NaN. Drop or fill those samples (e.g. np.nan_to_num, or "
+            "x[np.isfinite(x).all(axis=1)]) before fit."
+        )
+
+
+def _arrays(structure, path):
+    if isinstance(structure, dict):
+        for key, value in structure.items():
+            yield from _arrays(value, f"{path}[{key!r}]")
+    elif isinstance(structure, (list, tuple)):
+        for index, value in enumerate(structure):
+            yield from _arrays(value, f"{path}[{index}]")
+    elif isinstance(structure, np.ndarray):
+        yield path, structure
+    elif hasattr(structure, "dtypes") and hasattr(structure, "columns"):  # a pandas DataFrame
+        for column in structure.columns:
+            yield path + f"[{column!r}]", structure[column].to_numpy()
+    elif hasattr(structure, "dtype") and hasattr(structure, "to_numpy"):  # a pandas Series
+        yield path, structure.to_numpy()
+
+
+class DivergenceGuard(keras.callbacks.Callback):
+    """Detects a diverging run after each execution and acts per `on_nan`.
+
+    Args:
+        on_nan: "recover", "stop" or "ignore".
+        max_recoveries: Recoveries allowed before the run stops.
+        loss_upper_bound: A loss above this is a divergence (None: only the
+            spike check and non-finite values).
+        snapshot_every_steps: Steps between copies of the last good state.
+        grad_accum_steps: Snapshots are taken only at update boundaries.
+        learning_rate: The run's `LearningRateControl` (None: not lowered).
+        variables: `f()` returning every variable training changes.
+        is_chief: Only the chief prints.
+    """
+
+    def __init__(self, *, on_nan: str, max_recoveries: int, loss_upper_bound, snapshot_every_steps: int,
+                 grad_accum_steps: int, learning_rate, variables, is_chief: bool = True):
+        super().__init__()
+        self.on_nan = on_nan
+        self.max_recoveries = max_recoveries
+        self.loss_upper_bound = loss_upper_bound
+        self.snapshot_every_steps = max(1, snapshot_every_steps)
+        self.grad_accum_steps = grad_accum_steps
+        self.learning_rate = learning_rate
+        self.variables = variables
+        self.is_chief = is_chief
+        self.recoveries = []  # (epoch, step, why) of each recovery
+        self._snapshot = None
+        self._snapshot_at = None
+        self._recent = collections.deque(maxlen=200)
+        self._epoch = 0
+        self._steps = 0  # steps of this epoch seen by this callback
+        self._since_snapshot = 0
+        self._tracked = None  # (total, count) of the loss tracker after the last execution
+
+    # -- state -------------------------------------------------------------
+
+    def _take_snapshot(self):
+        self._snapshot = [np.array(keras.ops.convert_to_numpy(v)) for v in self.variables()]
+        self._snapshot_at = (self._epoch, self._steps)
+        self._since_snapshot = 0
+
+    def _restore_snapshot(self):
+        for variable, value in zip(self.variables(), self._snapshot, strict=True):
+            variable.assign(value)
+        if self._snapshot_at[0] != self._epoch:
+            # The snapshot's metrics belong to an earlier epoch: this one's
+            # means start again from the rollback.
+            for metric in self.model.metrics:
+                metric.reset_state()
+        self._tracked = self._loss_tracker_state()
+
+    def _loss_tracker_state(self):
+        tracker = getattr(self.model, "_loss_tracker", None)
+        if tracker is None or len(tracker.variables) != 2:
+            return None
+        total, count = (float(keras.ops.convert_to_numpy(v)) for v in tracker.variables)
+        return total, count
+
+    # -- Keras hooks -------------------------------------------------------
+
+    def on_train_begin(self, logs=None):
+        if self.on_nan != "ignore" and self._snapshot is None:
+            self._take_snapshot()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch, self._steps = epoch, 0
+        self._tracked = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.on_nan == "ignore":
+            return
+        steps = batch + 1 - self._steps
+        self._steps = batch + 1
+        problem = self._problem(logs or {})
+        if problem is None:
+            self._since_snapshot += steps
+            if self._since_snapshot >= self.snapshot_every_steps and self._steps % self.grad_accum_steps == 0:
+                self._take_snapshot()
+            return
+        self._diverged(problem)
+
+    # -- detection and response ----------------------------------------------
+
+    def _problem(self, logs) -> str | None:
+        tracked = self._loss_tracker_state()
+        loss = None
+        if tracked is not None:
+            if self._tracked is None:
+                previous = (0.0, 0.0)
+            else:
+                previous = self._tracked
+            self._tracked = tracked
+            if tracked[1] > previous[1]:
+                loss = (tracked[0] - previous[0]) / (tracked[1] - previous[1])
+        if loss is not None and not math.isfinite(loss):
+            return f"the loss became {loss}"
+        for name, value in logs.items():
+            if isinstance(value, (int, float, np.floating)) and not math.isfinite(float(value)):
+                return f"{name} became {float(value)}"
+        if loss is None:
+            return None
+        if self.loss_upper_bound is not None and loss > self.loss_upper_bound:
+            return f"the loss {loss:.4g} exceeded loss_upper_bound={self.loss_upper_bound}"
+        if len(self._recent) >= SPIKE_WARMUP:
+            median = float(np.median(self._recent))
+            if median > 0 and loss > SPIKE_FACTOR * median:
+                return f"the loss jumped to {loss:.4g}, {loss / median:.0f}x the median {median:.4g} of recent steps"
+        self._recent.append(loss)
+        return None
+
+    def _diverged(self, problem: str) -> None:
+        where = f"epoch {self._epoch + 1}, step {self._steps}"
+        back_to = f"epoch {self._snapshot_at[0] + 1}, step {self._snapshot_at[1]}"
+        self._restore_snapshot()
+        if self.on_nan == "stop":
+            raise TrainingError(
+                f"training diverged at {where}: {problem}. The model holds the last good state ({back_to}). "
+                "Lower the learning rate, add clipnorm=, check the data, or pass on_nan='recover'."
+            )
+        self.recoveries.append({"epoch": self._epoch + 1, "step": self._steps, "problem": problem})
+        if len(self.recoveries) > self.max_recoveries:
+            raise TrainingError(
+                f"training diverged {len(self.recoveries)} times (the last at {where}: {problem}), more than "
+                f"max_recoveries={self.max_recoveries}, each time rolled back and the learning rate halved. The "
+                f"model holds the last good state ({back_to}). Check the data for NaN or extreme values, lower "
+                "the learning rate or add clipnorm=."
+            )
+        lowered = ""
+        if self.learning_rate is not None:
+            self.learning_rate.lower(RECOVERY_LR_FACTOR)
+            lowered = f", learning rate now {self.learning_rate.current():.3g}"
+        if self.is_chief:
+            print(f"kerasfast: {problem} at {where}; rolled back to {back_to}{lowered}, skipping the batches in "
+                  f"between (recovery {len(self.recoveries)} of at most {self.max_recoveries}).")

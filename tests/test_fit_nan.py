@@ -1,0 +1,137 @@
+"""Non-finite values: named in array inputs before training; a diverging
+loss caught during training and recovered (or stopped, or ignored as Keras
+does); NaN weights never saved; every JSON file strict."""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kerasfast
+from kerasfast.errors import DataError, PlanError, TrainingError
+
+
+def _regression(n=512, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 8)).astype("float32")
+    y = (x @ rng.normal(size=(8, 1))).astype("float32")
+    return x, y
+
+
+def _model():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+    model.compile(loss="mse", optimizer=keras.optimizers.SGD(0.01))
+    return model
+
+
+def _with_poisoned_batches(x, y, batches, batch_size=32):
+    """A dataset whose given batches make the loss overflow to infinity (finite inputs)."""
+    x = x.copy()
+    for batch in batches:
+        x[batch * batch_size:(batch + 1) * batch_size] = 1e30
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size)
+
+
+def _weights_finite(model):
+    return all(np.isfinite(w).all() for w in model.get_weights())
+
+
+def _strict(path):
+    def refuse(constant):
+        raise ValueError(f"{path.name} holds {constant}, which is not JSON")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+@pytest.mark.parametrize("where", ["array", "dict"])
+def test_nan_in_array_inputs_is_named_before_training(where):
+    x, y = _regression()
+    x[7, 3] = np.nan
+    data = x if where == "array" else {"features": x}
+    with pytest.raises(DataError, match=r"sample 7, position \(3,\)") as refused:
+        kerasfast.fit(_model(), data, y, run_dir=False, verbose=0)
+    assert ("x holds NaN" if where == "array" else "x['features'] holds NaN") in str(refused.value)
+    y[3] = np.inf
+    with pytest.raises(DataError, match="y holds an infinite value at sample 3"):
+        kerasfast.fit(_model(), np.nan_to_num(x), y, run_dir=False, verbose=0)
+
+
+def test_a_diverged_batch_is_rolled_back_and_skipped(tmp_path, capsys):
+    x, y = _regression()
+    model = _model()
+    result = kerasfast.fit(model, _with_poisoned_batches(x, y, [9]), epochs=3, steps_per_execution=1,
+                           backup_every=4, run_dir=tmp_path, verbose=1)
+    assert [(r["epoch"], r["step"]) for r in result.recoveries] == [(1, 10), (2, 10), (3, 10)]
+    assert "the loss became inf" in result.recoveries[0]["problem"]
+    assert "rolled back to epoch 1, step 8" in capsys.readouterr().out
+    assert _weights_finite(model)
+    losses = result.history.history["loss"]
+    assert all(np.isfinite(losses)) and losses[-1] < losses[0]
+    assert model.optimizer.learning_rate.numpy() == pytest.approx(0.01)  # lowered for the run only
+    assert (tmp_path / "model.keras").is_file()
+    assert len(_strict(tmp_path / "result.json")["recoveries"]) == 3
+
+
+def test_more_divergences_than_allowed_stop_with_the_story(tmp_path):
+    x, y = _regression()
+    model = _model()
+    with pytest.raises(TrainingError, match="diverged 2 times .* more than max_recoveries=1") as stopped:
+        kerasfast.fit(model, _with_poisoned_batches(x, y, [3, 9]), steps_per_execution=1, max_recoveries=1,
+                      run_dir=tmp_path, verbose=0)
+    assert "the last good state" in str(stopped.value)
+    assert _weights_finite(model)
+
+
+def test_on_nan_stop_rolls_back_and_raises():
+    x, y = _regression()
+    model = _model()
+    with pytest.raises(TrainingError, match="training diverged at epoch 1, step 6: the loss became inf"):
+        kerasfast.fit(model, _with_poisoned_batches(x, y, [5]), steps_per_execution=1, on_nan="stop",
+                      run_dir=False, verbose=0)
+    assert _weights_finite(model)
+
+
+def test_a_loss_above_the_bound_counts_as_a_divergence():
+    x, y = _regression()
+    x[64:96] *= 100  # finite, but a loss far above the others
+    result = kerasfast.fit(_model(), tf.data.Dataset.from_tensor_slices((x, y)).batch(32), steps_per_execution=1,
+                           loss_upper_bound=1e4, run_dir=False, verbose=0)
+    assert len(result.recoveries) == 1 and "exceeded loss_upper_bound=10000" in result.recoveries[0]["problem"]
+
+
+def test_a_schedule_is_lowered_during_recovery_and_given_back(capsys):
+    x, y = _regression()
+    model = _model()
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.01, decay_steps=10, decay_rate=0.9)
+    model.compile(loss="mse", optimizer=keras.optimizers.SGD(schedule))
+    result = kerasfast.fit(model, _with_poisoned_batches(x, y, [9]), steps_per_execution=1, run_dir=False, verbose=1)
+    assert len(result.recoveries) == 1 and _weights_finite(model)
+    assert "learning rate now" in capsys.readouterr().out
+    assert model.optimizer._learning_rate is schedule
+
+
+def test_on_nan_ignore_trains_on_as_keras_but_never_saves_nan_weights(tmp_path, capsys):
+    x, y = _regression()
+    x[7, 3] = np.nan  # accepted: the user asked for Keras's behaviour
+    model = _model()
+    model.compile(loss="mse", optimizer=keras.optimizers.SGD(100.0))  # diverges within the first epoch
+    result = kerasfast.fit(model, x, y, on_nan="ignore", epochs=2, run_dir=tmp_path, verbose=1)
+    assert not _weights_finite(model) and result.recoveries == []
+    assert "not saving model.keras" in capsys.readouterr().out
+    assert not (tmp_path / "model.keras").exists()
+    losses = _strict(tmp_path / "history.json")["loss"]
+    assert losses[-1] is None and not np.isfinite(result.history.history["loss"][-1])  # NaN written as null
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"on_nan": "retry"}, "on_nan='retry' is not valid"),
+    ({"max_recoveries": -1}, "max_recoveries=-1 is not valid"),
+    ({"loss_upper_bound": 0}, "loss_upper_bound=0 is not valid"),
+])
+def test_bad_divergence_arguments_are_refused(options, message):
+    x, y = _regression()
+    with pytest.raises(PlanError, match=message):
+        kerasfast.fit(_model(), x, y, run_dir=False, verbose=0, **options)
