@@ -172,6 +172,8 @@ def main(argv=None):
     if not args.skip_tables:
         tables = ("\n## Quick check: `benchmarks/fit_vs_keras.py`\n\n"
                   + subprocess_tables("fit_vs_keras.py", ["--repeats", "2"])
+                  + "\n\n## Divergence guard: `benchmarks/guard_overhead.py`\n\n"
+                  + subprocess_tables("guard_overhead.py", ["--repeats", "2"] if args.quick else [])
                   + "\n\n## GPT width: `benchmarks/gpt_width.py`\n\n"
                   + subprocess_tables("gpt_width.py", ["--widths", "128", "256"] if args.quick else [])
                   + "\n\n## Input pipeline (`benchmarks/input_pipeline.py`)\n\n"

@@ -33,7 +33,7 @@ from kerasfast import costs, threads
 from kerasfast.distribute import DistributedSteps, keras_compat, resolve_strategy
 from kerasfast.distribute.consensus import check_same_plan, chief_value
 from kerasfast.distribute.failures import lost_peer_errors
-from kerasfast.errors import PlanError, RunFolderError
+from kerasfast.errors import DataError, PlanError, RunFolderError
 from kerasfast.hardware import detect_hardware
 from kerasfast.plan import COMPUTATION_FIELDS, ModelFacts, Overrides, Plan, _is_int, RunFacts, compute_dtype, keras_policy, resolve_plan
 from kerasfast.runs import DEFAULT_ROOT, new_run_dir, save_model, write_json
@@ -41,6 +41,7 @@ from kerasfast.training import optimizers
 from kerasfast.training.inputs import check_inputs_match, prepare_data, sharded_tfrecord_stream, split_validation
 from kerasfast.training.models import PreparedModel, computing_in, copy_optimizer_state, copy_weights, prepare_model
 from kerasfast.training.precision import graph_precision
+from kerasfast.training.xla import xla_problem
 from kerasfast.training.session import model_attributes_restored, optimizer_settings
 from kerasfast.training.backup import DEFAULT_EVERY_STEPS, Backup, training_variables
 from kerasfast.training.guard import ON_NAN, DivergenceGuard, check_finite
@@ -324,6 +325,18 @@ def _check_resumable(plan: Plan, start: _Start) -> None:
                     "or resume='fresh' to start again.")
 
 
+def _checked_jit(plan: Plan, model, sample_inputs) -> Plan:
+    """The plan, with XLA off when it cannot compile the model (chosen
+    automatically), or a refusal naming the op (asked for by the user)."""
+    problem = xla_problem(model, sample_inputs)
+    if problem is None:
+        return plan
+    if "jit_compile" in plan.overridden:
+        raise PlanError(f"jit_compile=True cannot work: {problem}. Pass jit_compile=False (or 'auto'), or replace "
+                        "the op with one XLA supports.")
+    return dataclasses.replace(plan, jit_compile=False, reasons={**plan.reasons, "jit_compile": f"off: {problem}"})
+
+
 def _compile_for_run(model, plan: Plan, *, loss, optimizer, metrics) -> None:
     """Compiles only what Keras would need compiled: an uncompiled model, or
     the compile arguments given to fit (merged into the model's own)."""
@@ -469,6 +482,7 @@ def fit(
     on_nan="recover",
     max_recoveries: int = 3,
     loss_upper_bound=None,
+    on_error="raise",
     save_model_file: bool = True,
     data=None,
     **options,
@@ -527,6 +541,9 @@ def fit(
             holding NaN/infinity are refused before training unless "ignore".
         max_recoveries: Recoveries before the run stops with `TrainingError`.
         loss_upper_bound: A loss above this counts as a blow-up (None: off).
+        on_error: For TFRecord data: "raise" names a damaged record (file,
+            record, byte offset) in a `DataError`; "skip" leaves damaged
+            records out and warns.
         save_model_file: Save the trained model as `model.keras` in the run folder.
         data: The training data by its older name (same as `x`).
         **options: kerasfast's overrides of its automatic choices
@@ -557,6 +574,8 @@ def fit(
         x = data
     _check_run_arguments(epochs, initial_epoch, validation_freq, steps_per_epoch, validation_steps, resume)
     _check_divergence_arguments(on_nan, max_recoveries, loss_upper_bound)
+    if on_error not in ("raise", "skip"):
+        raise PlanError(f"on_error={on_error!r} is not valid: use 'raise' or 'skip'.")
     overrides = Overrides.from_options({**options, "batch_size": batch_size, "steps_per_epoch": steps_per_epoch})
     callbacks = list(callbacks or [])
     start = _start(overrides, strategy=strategy, run_dir=run_dir, backup_dir=backup_dir, backup_every=backup_every,
@@ -573,10 +592,11 @@ def fit(
     if on_nan != "ignore":
         for what, value in (("x", x), ("y", y), ("sample_weight", sample_weight)):
             check_finite(value, what)
-    train_data = prepare_data(x, y, sample_weight, batch_size=batch_size, class_weight=class_weight, shuffle=shuffle,
-                              seed=start.seed, repeat=True)
-    validation = _validation_arguments(validation_data, validation_batch_size or batch_size, validation_steps,
-                                       validation_freq, train_data)
+    with _damage_named(x, validation_data):
+        train_data = prepare_data(x, y, sample_weight, batch_size=batch_size, class_weight=class_weight,
+                                  shuffle=shuffle, seed=start.seed, repeat=True, on_error=on_error)
+        validation = _validation_arguments(validation_data, validation_batch_size or batch_size, validation_steps,
+                                           validation_freq, train_data, on_error)
 
     # Model.
     own_steps = isinstance(model, keras.Model) and keras_compat.overridden_step(model, "train_step") is not None
@@ -595,6 +615,8 @@ def fit(
             _compile_copy(train_model, prepared.user_model, plan, loss=loss, optimizer=optimizer, metrics=metrics)
         else:
             _compile_for_run(train_model, plan, loss=loss, optimizer=optimizer, metrics=metrics)
+        if plan.jit_compile and plan.train_step == "kerasfast":
+            plan = _checked_jit(plan, train_model, train_data.sample_inputs)
     if verbose != 0 and distribution.is_chief:
         print(plan)
         print(f"  data: {train_data.description}; model: {prepared.how}")
@@ -618,7 +640,7 @@ def fit(
                 pruned_layers = apply_pruning(train_model, config)
         if train_data.source == "tfrecords" and distribution.name == "multi_worker":
             stream_from = sharded_tfrecord_stream(os.fspath(x), tf_strategy, global_batch_size=plan.global_batch_size,
-                                                  shuffle=shuffle, seed=start.seed)
+                                                  shuffle=shuffle, seed=start.seed, on_error=on_error)
         else:
             stream_from = stream_factory(train_data.dataset, repeat=bool(plan.steps_per_epoch))
 
@@ -627,15 +649,16 @@ def fit(
                                    plan.steps_per_epoch, first_step=progress.step if progress else 0,
                                    input_wait_seconds=input_wait)
 
-        history, meter, guard = _train(
-            train_model, plan, start, train_data, stream_from, epochs=epochs, initial_epoch=initial_epoch,
-            callbacks=callbacks, verbose=verbose, validation=validation, meter_factory=meter_factory,
-            divergence=dict(on_nan=on_nan, max_recoveries=max_recoveries, loss_upper_bound=loss_upper_bound))
+        with _damage_named(x, validation_data):
+            history, meter, guard = _train(
+                train_model, plan, start, train_data, stream_from, epochs=epochs, initial_epoch=initial_epoch,
+                callbacks=callbacks, verbose=verbose, validation=validation, meter_factory=meter_factory,
+                divergence=dict(on_nan=on_nan, max_recoveries=max_recoveries, loss_upper_bound=loss_upper_bound))
         return _finish(prepared, plan, start, train_data, history, meter, folder, pruned_layers,
                        save_model_file=save_model_file, verbose=verbose, recoveries=guard.recoveries)
 
 
-def _validation_arguments(validation_data, batch_size, steps, freq, train_data) -> dict:
+def _validation_arguments(validation_data, batch_size, steps, freq, train_data, on_error) -> dict:
     """Keras's own validation arguments; kerasfast only reads TFRecord paths itself."""
     if validation_data is None:
         return {}
@@ -645,7 +668,7 @@ def _validation_arguments(validation_data, batch_size, steps, freq, train_data) 
         # kerasfast's evaluation runs whole executions until the data ends, so
         # validation_steps is applied to the data itself.
         validation_data = prepare_data(validation_data, batch_size=batch_size or train_data.facts.batch_size,
-                                       shuffle=False, what="validation_data").dataset
+                                       shuffle=False, what="validation_data", on_error=on_error).dataset
         if steps is not None:
             validation_data, steps = validation_data.take(steps), None
     return {"validation_data": validation_data, "validation_steps": steps, "validation_freq": freq,
@@ -725,6 +748,31 @@ def _finish(prepared, plan, start, train_data, history, meter, folder, pruned_la
         else:
             print("kerasfast: run too short to measure throughput (only the first, compiling execution ran)")
     return result
+
+
+@contextlib.contextmanager
+def _damage_named(*sources):
+    """Turns a TensorFlow read error from TFRecord `sources` into a
+    `DataError` naming the damaged file, record and byte offset; other
+    errors (a model's own InvalidArgumentError) pass unchanged."""
+    paths = [source for source in sources if isinstance(source, (str, os.PathLike))]
+    try:
+        yield
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as error:
+        if not paths:
+            raise
+        from kerasfast.data import damage_error, locate_damage
+
+        for path in paths:
+            try:
+                found = locate_damage(path)
+            except DataError:
+                found = None
+            if found is not None:
+                raise damage_error(path, error) from error
+        if isinstance(error, tf.errors.DataLossError):
+            raise damage_error(paths[0], error) from error  # TensorFlow's words, with the files checked
+        raise
 
 
 def _non_finite_layers(model) -> list[str]:

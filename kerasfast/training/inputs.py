@@ -248,10 +248,11 @@ def _from_adapter(x, class_weight, shuffle, what: str) -> PreparedData:
                         f"{kind}, {f'{steps} batches' if steps else 'unknown length'}, batch {batch}", first)
 
 
-def _tfrecords(pattern: str, batch_size: int, shuffle: bool, seed: int | None, what: str) -> PreparedData:
+def _tfrecords(pattern: str, batch_size: int, shuffle: bool, seed: int | None, what: str,
+               on_error: str) -> PreparedData:
     from kerasfast import data as kf_data
 
-    dataset = kf_data.tfrecord_dataset(pattern, batch_size=batch_size, shuffle=shuffle, seed=seed)
+    dataset = kf_data.tfrecord_dataset(pattern, batch_size=batch_size, shuffle=shuffle, seed=seed, on_error=on_error)
     info = dataset.kerasfast_info
     prepared = _dataset(dataset, what)
     prepared.facts = DataFacts(batch_size=None, num_samples=info.num_records, steps_per_epoch=info.steps_per_epoch)
@@ -261,7 +262,8 @@ def _tfrecords(pattern: str, batch_size: int, shuffle: bool, seed: int | None, w
     return prepared
 
 
-def sharded_tfrecord_stream(pattern: str, strategy, *, global_batch_size: int, shuffle: bool, seed: int | None):
+def sharded_tfrecord_stream(pattern: str, strategy, *, global_batch_size: int, shuffle: bool, seed: int | None,
+                            on_error: str = "raise"):
     """`f(batches_done)` giving a distributed TFRecord stream in which every
     worker reads its own files (kerasfast.data shards by file when there are
     enough, else by record, and says so)."""
@@ -271,7 +273,7 @@ def sharded_tfrecord_stream(pattern: str, strategy, *, global_batch_size: int, s
         def worker_dataset(context):
             dataset = kf_data.tfrecord_dataset(
                 pattern, batch_size=context.get_per_replica_batch_size(global_batch_size), shuffle=shuffle,
-                seed=seed, input_context=context,
+                seed=seed, input_context=context, on_error=on_error,
             ).repeat()
             # Each step takes one batch per local replica from this worker's pipeline.
             local_replicas = context.num_replicas_in_sync // context.num_input_pipelines
@@ -283,7 +285,8 @@ def sharded_tfrecord_stream(pattern: str, strategy, *, global_batch_size: int, s
 
 
 def prepare_data(x, y=None, sample_weight=None, *, batch_size: int | None, class_weight=None,
-                 shuffle=True, seed: int | None = None, what: str = "data", repeat: bool = False) -> PreparedData:
+                 shuffle=True, seed: int | None = None, what: str = "data", repeat: bool = False,
+                 on_error: str = "raise") -> PreparedData:
     """Normalises `fit`'s data arguments into a batched dataset and describes it.
 
     Args:
@@ -297,6 +300,8 @@ def prepare_data(x, y=None, sample_weight=None, *, batch_size: int | None, class
         what: How to call the data in error messages.
         repeat: For arrays, return an endless, reproducible stream of
             passes (training); other data is repeated by the caller.
+        on_error: For TFRecords: "raise" on a damaged record, or "skip" it
+            (see `kerasfast.data.tfrecord_dataset`).
 
     Returns:
         A `PreparedData`.
@@ -312,7 +317,7 @@ def prepare_data(x, y=None, sample_weight=None, *, batch_size: int | None, class
         x, y, sample_weight = (tuple(x) + (None,))[:3]
     if isinstance(x, (str, os.PathLike)):
         _no_arrays_beside(x, y, sample_weight, "a TFRecord path")
-        prepared = _tfrecords(os.fspath(x), batch_size, shuffle, seed, what)
+        prepared = _tfrecords(os.fspath(x), batch_size, shuffle, seed, what, on_error)
         if class_weight is not None:
             weighted = _dataset(prepared.dataset, what, class_weight)
             prepared.dataset, prepared.sample_batch = weighted.dataset, weighted.sample_batch

@@ -58,11 +58,13 @@ class LearningRateControl:
 
     def __init__(self, inner):
         self._inner = inner
+        self.factor = 1.0  # all lowering so far, undone when the run ends
 
     def lower(self, factor: float) -> None:
         rate = self._inner._learning_rate
         target = rate.scale if isinstance(rate, ScaledSchedule) else rate
         target.assign(target * factor)
+        self.factor *= factor
 
     def current(self) -> float:
         return float(keras.ops.convert_to_numpy(self._inner.learning_rate))
@@ -88,10 +90,12 @@ def optimizer_settings(optimizer, *, learning_rate=None, clipnorm=None):
     inner = unwrap(optimizer)
     saved_rate = inner._learning_rate
     saved_clip = (inner.clipnorm, inner.clipvalue, inner.global_clipnorm)
-    saved_value = saved_rate.numpy() if hasattr(saved_rate, "assign") else None
+    saved_value = None
+    control = LearningRateControl(inner)
     try:
         if learning_rate is not None:
-            if isinstance(learning_rate, (int, float)) and saved_value is not None:
+            if isinstance(learning_rate, (int, float)) and hasattr(saved_rate, "assign"):
+                saved_value = saved_rate.numpy()
                 saved_rate.assign(learning_rate)
             else:
                 inner._learning_rate = learning_rate
@@ -99,9 +103,13 @@ def optimizer_settings(optimizer, *, learning_rate=None, clipnorm=None):
             inner._learning_rate = ScaledSchedule(inner._learning_rate)
         if clipnorm is not None:
             inner.clipnorm, inner.clipvalue, inner.global_clipnorm = None, None, clipnorm
-        yield LearningRateControl(inner)
+        yield control
     finally:
         if saved_value is not None:
             saved_rate.assign(saved_value)
+        elif control.factor != 1.0 and inner._learning_rate is saved_rate:
+            # The optimizer's own rate stays as training left it (a callback
+            # may have lowered it, as in Keras) minus the recoveries' halving.
+            saved_rate.assign(saved_rate / control.factor)
         inner._learning_rate = saved_rate
         inner.clipnorm, inner.clipvalue, inner.global_clipnorm = saved_clip

@@ -1,0 +1,55 @@
+"""Whether XLA can compile a model, found out before training.
+
+XLA refuses some TensorFlow ops (string ops, `tf.numpy_function`, ...). Met
+at the first train step, that is a long graph error; compiling the model's
+forward pass once on a sample batch finds it first, with the op and layer.
+"""
+
+from __future__ import annotations
+
+import re
+
+_UNSUPPORTED = re.compile(r"No registered '(\w+)' OpKernel for XLA\w* devices compatible with node \{\{node ([^}]+)\}\}")
+
+
+def xla_problem(model, sample_inputs) -> str | None:
+    """Compiles `model`'s forward pass with XLA on `sample_inputs`.
+
+    Args:
+        model: A built Keras model.
+        sample_inputs: One batch of the model's inputs.
+
+    Returns:
+        None when XLA compiles it, else what stops it, e.g. "XLA cannot
+        compile op AsString (in layer odd)".
+    """
+    import tensorflow as tf
+
+    @tf.autograph.experimental.do_not_convert
+    def forward(inputs):
+        return model(inputs, training=False)
+
+    try:
+        tf.function(forward, jit_compile=True)(sample_inputs)
+    except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as error:
+        found = _UNSUPPORTED.findall(str(error))
+        if not found:
+            raise
+        ops = sorted({op for op, _ in found})
+        layers = sorted({_layer_of(node, model) for _, node in found} - {None})
+        where = f" (in layer {', '.join(layers)})" if layers else ""
+        return f"XLA cannot compile op {', '.join(ops)}{where}"
+    return None
+
+
+def _layer_of(node: str, model) -> str | None:
+    """The layer name in a node path such as `sequential_1/odd_1/AsString`."""
+    names = {layer.name for layer in model._flatten_layers(include_self=False)}
+    parts = node.split("/")[:-1]
+    for part in reversed(parts):
+        if part in names:
+            return part
+        stripped = re.sub(r"_\d+$", "", part)
+        if stripped in names:
+            return stripped
+    return parts[-1] if parts else None

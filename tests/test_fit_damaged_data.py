@@ -1,0 +1,65 @@
+"""Damaged TFRecords met inside `fit`: named (file, record, byte offset) in
+a DataError with the way out, or skipped with on_error='skip'."""
+
+import pathlib
+
+import keras
+import numpy as np
+import pytest
+
+import kerasfast
+from kerasfast.errors import DataError
+
+
+def _records(tmp_path, name="train", n=600):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(n, 8)).astype("float32")
+    y = (x.sum(axis=1) > 0).astype("int64")
+    written = kerasfast.data.write_tfrecords((x, y), tmp_path / name, shards=3)
+    return pathlib.Path(written.out_dir)
+
+
+def _flip_a_byte(folder):
+    """Flips one byte in the middle of the second shard (inside a record's payload)."""
+    shard = sorted(folder.glob("*.tfrecord*"))[1]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    return shard
+
+
+def _model():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), optimizer="adam")
+    return model
+
+
+def test_damaged_training_records_are_named_inside_fit(tmp_path):
+    folder = _records(tmp_path)
+    shard = _flip_a_byte(folder)
+    with pytest.raises(DataError) as raised:
+        kerasfast.fit(_model(), folder, epochs=1, batch_size=32, run_dir=False, verbose=0)
+    message = str(raised.value)
+    assert shard.name in message and "record" in message and "byte offset" in message
+    assert "on_error='skip'" in message
+
+
+def test_damaged_validation_records_are_named_too(tmp_path):
+    train, validation = _records(tmp_path), _records(tmp_path, "val", 300)
+    shard = _flip_a_byte(validation)
+    with pytest.raises(DataError, match=shard.name):
+        kerasfast.fit(_model(), train, validation_data=validation, epochs=1, batch_size=32, run_dir=False, verbose=0)
+
+
+def test_on_error_skip_trains_on_the_readable_records(tmp_path):
+    folder = _records(tmp_path)
+    _flip_a_byte(folder)
+    with pytest.warns(UserWarning, match="skip"):
+        result = kerasfast.fit(_model(), folder, epochs=1, batch_size=32, on_error="skip", run_dir=False, verbose=0)
+    assert np.isfinite(result.history.history["loss"][-1])
+
+
+def test_an_unknown_on_error_is_refused(tmp_path):
+    with pytest.raises(kerasfast.PlanError, match="on_error='ignore' is not valid"):
+        kerasfast.fit(_model(), _records(tmp_path), on_error="ignore", run_dir=False, verbose=0)
