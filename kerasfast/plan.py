@@ -89,6 +89,9 @@ class Plan:
         train_step: Whose train step runs: "kerasfast" (its own, with every
             fast path), "yours" (the model overrides `train_step`) or "keras"
             (`run_eagerly=True`: Keras's own functions, eagerly).
+        tuning: The candidates `tune=` measured (dicts: precision,
+            jit_compile, steps_per_execution, samples_per_second, loss,
+            verdict), empty when nothing was measured.
         reasons: Field name -> why that value was chosen.
         overridden: Field names the user set explicitly.
     """
@@ -116,6 +119,7 @@ class Plan:
     overridden: tuple[str, ...] = ()
     prune: float | None = None
     train_step: str = "kerasfast"
+    tuning: tuple = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The plan as JSON-ready data: `{"fields": {name: {value, reason, source}}}`."""
@@ -127,7 +131,8 @@ class Plan:
                     "source": "user" if name in self.overridden else "auto",
                 }
                 for name in FIELD_ORDER
-            }
+            },
+            "tuning": list(self.tuning),
         }
 
     def values(self) -> dict[str, Any]:
@@ -152,6 +157,10 @@ class Plan:
         lines = ["kerasfast plan"]
         for name, value, reason in self.rows():
             lines.append(f"  {name:<{width}}  {value:<16}  {reason}")
+        if self.tuning:
+            from kerasfast.training.tuning import Measurement, format_table
+
+            lines += format_table([Measurement(**row) for row in self.tuning])
         return "\n".join(lines)
 
 
@@ -807,3 +816,53 @@ def resolve_plan(
         overridden=tuple(dict.fromkeys(overridden)),
         train_step=train_step,
     )
+
+
+def candidate_plans(plan: Plan, hardware: Hardware, model: ModelFacts, run: RunFacts, *, mode: str = "auto",
+                    user_set: tuple[str, ...] = ()) -> list[Plan]:
+    """Plans that differ from `plan` in precision, XLA and steps per
+    execution, for `kerasfast.training.tuning` to time; `plan` comes first.
+
+    Fields the user set stay as they are. "auto" keeps the grid small with
+    the rules (no float16 on a CPU, no bfloat16 without hardware support,
+    two step counts); "full" tries every precision the machine can run and
+    more step counts.
+
+    Example:
+
+    >>> plans = candidate_plans(plan, detect_hardware(), ModelFacts(), RunFacts())
+    >>> plans[0] is plan
+    True
+    """
+    precisions = [plan.precision]
+    if "precision" not in user_set:
+        if hardware.accelerator == "cpu":
+            wanted = [p for p in ("float32", ONEDNN_BFLOAT16, "mixed_bfloat16") if mode == "full" or hardware.cpu_has_bf16
+                      or p == "float32"]
+        else:
+            wanted = ["float32", "mixed_float16", "mixed_bfloat16"]
+            if mode != "full" and not all((gpu.compute_capability or (0, 0)) >= (8, 0) for gpu in hardware.gpus):
+                wanted.remove("mixed_bfloat16")
+        precisions += [p for p in wanted if p != plan.precision]
+    jits = [plan.jit_compile]
+    if "jit_compile" not in user_set:
+        try:
+            _resolve_jit(True, hardware, model, run, plan.train_step, plan.strategy)
+            jits.append(not plan.jit_compile)
+        except PlanError:
+            pass  # a layer, op determinism or the step rules XLA out
+    counts = [plan.steps_per_execution]
+    if "steps_per_execution" not in user_set:
+        more = (1, 4, 16, 64) if mode == "full" else (1, max(8, plan.steps_per_execution))
+        counts += [count for count in more if count not in counts]
+    candidates = []
+    for precision in precisions:
+        for jit in jits:
+            if precision == ONEDNN_BFLOAT16 and jit:
+                continue  # oneDNN's pass does not reach into XLA clusters
+            for count in counts:
+                if (precision, jit, count) == (plan.precision, plan.jit_compile, plan.steps_per_execution):
+                    continue
+                candidates.append(dataclasses.replace(plan, precision=precision, jit_compile=jit,
+                                                      steps_per_execution=count))
+    return [plan] + candidates

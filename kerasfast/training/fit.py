@@ -35,14 +35,14 @@ from kerasfast.distribute.consensus import check_same_plan, chief_value
 from kerasfast.distribute.failures import lost_peer_errors
 from kerasfast.errors import DataError, PlanError, RunFolderError
 from kerasfast.hardware import detect_hardware
-from kerasfast.plan import COMPUTATION_FIELDS, ModelFacts, Overrides, Plan, _is_int, RunFacts, compute_dtype, keras_policy, resolve_plan
+from kerasfast.plan import COMPUTATION_FIELDS, ModelFacts, candidate_plans, Overrides, Plan, _is_int, RunFacts, compute_dtype, keras_policy, resolve_plan
 from kerasfast.runs import DEFAULT_ROOT, new_run_dir, save_model, write_json
 from kerasfast.training import optimizers
 from kerasfast.training.inputs import check_inputs_match, prepare_data, sharded_tfrecord_stream, split_validation
 from kerasfast.training.models import PreparedModel, computing_in, copy_optimizer_state, copy_weights, prepare_model
 from kerasfast.training.precision import graph_precision
 from kerasfast.training.xla import xla_problem
-from kerasfast.training.session import model_attributes_restored, optimizer_settings
+from kerasfast.training.session import borrowed
 from kerasfast.training.backup import DEFAULT_EVERY_STEPS, Backup, training_variables
 from kerasfast.training.guard import ON_NAN, DivergenceGuard, check_finite
 from kerasfast.training.loop import run_epochs, stream_factory
@@ -251,8 +251,9 @@ def _model_facts(model, train_data, optimizer) -> ModelFacts:
 
 
 def _plan_run(start: _Start, overrides: Overrides, model_facts: ModelFacts, train_data, *, epochs, callbacks,
-              prune) -> Plan:
-    """The plan, resolved once; pruning is placed in the run's updates."""
+              prune) -> tuple[Plan, RunFacts]:
+    """The plan, resolved once (pruning placed in the run's updates), and
+    the run's facts it was resolved with."""
     distribution = start.distribution
     run_facts = RunFacts(
         epochs=epochs, tf_runtime_started=start.runtime_started, current_intra_op_threads=start.threads[0],
@@ -285,7 +286,7 @@ def _plan_run(start: _Start, overrides: Overrides, model_facts: ModelFacts, trai
             reasons={**plan.reasons, **{name: "as recorded by the backup this run resumes" for name in fields}})
     check_same_plan(distribution, plan)
     if prune is None:
-        return plan
+        return plan, run_facts
     if plan.train_step != "kerasfast":
         raise PlanError(
             f"prune= follows the updates of kerasfast's own train step, but {model_facts.custom_train_step or 'your model'} "
@@ -299,7 +300,7 @@ def _plan_run(start: _Start, overrides: Overrides, model_facts: ModelFacts, trai
     return dataclasses.replace(
         plan, prune=config.target_sparsity, overridden=plan.overridden + ("prune",),
         reasons={**plan.reasons, "prune": _describe_pruning(config)},
-    )
+    ), run_facts
 
 
 def _check_resumable(plan: Plan, start: _Start) -> None:
@@ -323,6 +324,58 @@ def _check_resumable(plan: Plan, start: _Start) -> None:
         return
     raise PlanError(f"{message}. Re-run with the same arguments to resume exactly, resume='force' to resume anyway, "
                     "or resume='fresh' to start again.")
+
+
+def _tuned(plan: Plan, model, train_data, start: _Start, model_facts, run_facts, overrides: Overrides, *, mode,
+           budget_s) -> Plan:
+    """The fastest candidate plan, measured on the model (or cached); the
+    plan as it is when tuning is not worth its time."""
+    from kerasfast.training import tuning
+
+    distribution = start.distribution
+    user_set = tuple(set(overrides.user_set()) | set(plan.overridden))
+    if all(field in user_set for field in tuning.TUNED_FIELDS):
+        return plan
+    key = tuning.cache_key(model, train_data.sample_inputs, plan, start.hardware)
+    cached = tuning.cached_choice(key) if distribution.name != "multi_worker" else None
+    if cached is not None:
+        choices, path = cached
+        fields = [name for name in tuning.TUNED_FIELDS if name not in user_set]
+        return dataclasses.replace(plan, **{name: choices[name] for name in fields},
+                                   reasons={**plan.reasons, **{name: f"tuned earlier: cached in {path}"
+                                                               for name in fields}})
+    budget = tuning.budget_seconds(mode, _estimated_run_seconds(plan, model_facts, run_facts), budget_s)
+    if budget is None:
+        return plan
+    candidates = candidate_plans(plan, start.hardware, model_facts, run_facts, mode=mode, user_set=user_set)
+    if len(candidates) == 1:
+        return plan
+    strategy = distribution.strategy or tf.distribute.get_strategy()
+    with strategy.scope():
+        _build_state(model, plan, train_data.sample_batch)  # so that tuning restores the optimizer's state too
+    batches = train_data.dataset.take(2 * max(c.steps_per_execution for c in candidates)).cache()
+    agree = (lambda flag: chief_value(distribution, float(flag)) > 0.5) if distribution.name == "multi_worker" else None
+    chosen, table = tuning.tune_plan(model, candidates, strategy, batches, samples_per_step=plan.global_batch_size,
+                                     budget_s=budget, agree=agree)
+    # Timings differ between workers: the chief's choice is everyone's.
+    chosen = candidates[int(round(chief_value(distribution, float(candidates.index(chosen)))))]
+    if distribution.is_chief:
+        tuning.store_choice(key, table[candidates.index(chosen)], table)
+    best = table[candidates.index(chosen)]
+    reason = (f"tuned: {best.samples_per_second:,.0f} samples/s, fastest of {len(candidates)} candidates measured "
+              "on your model")
+    fields = [name for name in tuning.TUNED_FIELDS if name not in user_set]
+    return dataclasses.replace(chosen, reasons={**chosen.reasons, **{name: reason for name in fields}},
+                               tuning=tuple(dataclasses.asdict(row) for row in table))
+
+
+def _estimated_run_seconds(plan: Plan, model_facts, run_facts) -> float | None:
+    """The planned run's length from its FLOPs and the measured peak, if both are known."""
+    flops, peak = model_facts.forward_flops_per_sample, run_facts.peak_flops
+    if not (flops and peak and plan.total_steps and plan.global_batch_size):
+        return None
+    per_step = costs.TRAIN_STEP_FLOPS_PER_FORWARD * flops * plan.global_batch_size / peak
+    return plan.total_steps * plan.grad_accum_steps * per_step
 
 
 def _checked_jit(plan: Plan, model, sample_inputs) -> Plan:
@@ -411,13 +464,7 @@ def _train(model, plan: Plan, start: _Start, train_data, stream_from, *, epochs,
     def scope():
         return tf_strategy.scope() if tf_strategy is not None else contextlib.nullcontext()
 
-    with contextlib.ExitStack() as borrowed:
-        borrowed.enter_context(model_attributes_restored(model))
-        borrowed.enter_context(computing_in(model, keras_policy(plan.precision), plan.remat))
-        rate_control = borrowed.enter_context(optimizer_settings(
-            model.optimizer, learning_rate=optimizers.planned_learning_rate(plan) if model.optimizer is not None else None,
-            clipnorm=plan.clipnorm))
-        borrowed.enter_context(graph_precision(plan.precision))
+    with borrowed(model, plan) as rate_control:
         metric_values = None
         steps = None
         with scope():
@@ -483,6 +530,8 @@ def fit(
     max_recoveries: int = 3,
     loss_upper_bound=None,
     on_error="raise",
+    tune="auto",
+    tune_budget_s=None,
     save_model_file: bool = True,
     data=None,
     **options,
@@ -544,6 +593,13 @@ def fit(
         on_error: For TFRecord data: "raise" names a damaged record (file,
             record, byte offset) in a `DataError`; "skip" leaves damaged
             records out and warns.
+        tune: "auto" times candidate plans (precision, XLA, steps per
+            execution) on the model before a run long enough to repay it
+            (within 10% of its estimated time, at most 60 s) and keeps the
+            fastest whose loss agrees with float32's; the choice is cached
+            on disk. "full" tries every candidate whatever the cost; "off"
+            keeps the rule-based plan.
+        tune_budget_s: Seconds tuning may take (overrides the 10% rule).
         save_model_file: Save the trained model as `model.keras` in the run folder.
         data: The training data by its older name (same as `x`).
         **options: kerasfast's overrides of its automatic choices
@@ -574,6 +630,11 @@ def fit(
         x = data
     _check_run_arguments(epochs, initial_epoch, validation_freq, steps_per_epoch, validation_steps, resume)
     _check_divergence_arguments(on_nan, max_recoveries, loss_upper_bound)
+    if tune not in ("auto", "off", "full"):
+        raise PlanError(f"tune={tune!r} is not valid: use 'auto', 'off' or 'full'.")
+    if tune_budget_s is not None and (isinstance(tune_budget_s, bool) or not isinstance(tune_budget_s, (int, float))
+                                      or tune_budget_s < 0):
+        raise PlanError(f"tune_budget_s={tune_budget_s!r} is not valid: use a number of seconds >= 0 or None.")
     if on_error not in ("raise", "skip"):
         raise PlanError(f"on_error={on_error!r} is not valid: use 'raise' or 'skip'.")
     overrides = Overrides.from_options({**options, "batch_size": batch_size, "steps_per_epoch": steps_per_epoch})
@@ -607,7 +668,8 @@ def fit(
     if keras_compat.overridden_step(train_model, "train_step") is None:
         check_inputs_match(train_model, train_data.sample_inputs)
     model_facts = _model_facts(train_model, train_data, optimizer)
-    plan = _plan_run(start, overrides, model_facts, train_data, epochs=epochs, callbacks=callbacks, prune=prune)
+    plan, run_facts = _plan_run(start, overrides, model_facts, train_data, epochs=epochs, callbacks=callbacks,
+                                prune=prune)
     if start.progress is not None:
         _check_resumable(plan, start)
     with tf_strategy.scope() if tf_strategy is not None else contextlib.nullcontext():
@@ -617,6 +679,9 @@ def fit(
             _compile_for_run(train_model, plan, loss=loss, optimizer=optimizer, metrics=metrics)
         if plan.jit_compile and plan.train_step == "kerasfast":
             plan = _checked_jit(plan, train_model, train_data.sample_inputs)
+    if tune != "off" and plan.train_step == "kerasfast" and start.progress is None:
+        plan = _tuned(plan, train_model, train_data, start, model_facts, run_facts, overrides, mode=tune,
+                      budget_s=tune_budget_s)
     if verbose != 0 and distribution.is_chief:
         print(plan)
         print(f"  data: {train_data.description}; model: {prepared.how}")

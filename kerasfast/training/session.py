@@ -113,3 +113,27 @@ def optimizer_settings(optimizer, *, learning_rate=None, clipnorm=None):
             saved_rate.assign(saved_rate / control.factor)
         inner._learning_rate = saved_rate
         inner.clipnorm, inner.clipvalue, inner.global_clipnorm = saved_clip
+
+
+@contextlib.contextmanager
+def borrowed(model, plan):
+    """Everything kerasfast changes on `model` to train it under `plan`,
+    undone when the block ends: installed functions, the plan's precision
+    and remat, learning rate and clipping, graph optimisations.
+
+    Yields:
+        The run's `LearningRateControl` (None without an optimizer).
+    """
+    from kerasfast.plan import keras_policy
+    from kerasfast.training import optimizers
+    from kerasfast.training.models import computing_in
+    from kerasfast.training.precision import graph_precision
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(model_attributes_restored(model))
+        stack.enter_context(computing_in(model, keras_policy(plan.precision), plan.remat))
+        rate_control = stack.enter_context(optimizer_settings(
+            model.optimizer, learning_rate=optimizers.planned_learning_rate(plan) if model.optimizer is not None else None,
+            clipnorm=plan.clipnorm))
+        stack.enter_context(graph_precision(plan.precision))
+        yield rate_control

@@ -1,0 +1,280 @@
+"""Plans chosen by measurement: time candidate plans on the user's own model.
+
+The plan's rules (a FLOPs threshold for bfloat16, XLA off on CPUs, steps
+per execution from a cost estimate) miss on some models. `tune_plan` runs
+each candidate plan for a few real train steps on the model and the first
+batches of its data, compile time excluded, and keeps the fastest whose
+loss agrees with float32's. Candidates are measured in two interleaved
+rounds so that machine noise hits them alike. Weights, optimizer state and
+metrics are put back afterwards: tuning never changes what training
+computes.
+
+The choice is cached on disk (`cache_dir()`), keyed by the model's
+structure, the input shapes and dtypes, the batch, the strategy and the
+machine, so re-running a script pays no tuning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import pathlib
+import time
+
+import keras
+import numpy as np
+
+TUNE_MODES = ("auto", "off", "full")
+# Tuning may spend this share of the planned run's estimated time, at most
+# `MAX_BUDGET_S`; a run too short to give a candidate `MIN_CANDIDATE_S` is not tuned.
+BUDGET_SHARE = 0.10
+MAX_BUDGET_S = 60.0
+MIN_CANDIDATE_S = 1.5
+# A candidate's mean loss over the measured steps may differ from float32's by
+# this much (relative, plus an absolute floor for losses near zero): bfloat16
+# keeps 8 bits of mantissa, and a few steps of training amplify rounding.
+LOSS_RTOL, LOSS_ATOL = 0.05, 0.01
+MEASURE_S = 0.4  # steady-state time measured per candidate per round
+FIXED_EXECUTIONS = 4  # per candidate per round when workers must agree on the count
+TUNED_FIELDS = ("precision", "jit_compile", "steps_per_execution")
+
+
+@dataclasses.dataclass
+class Measurement:
+    """One candidate: its choices, measured rate and verdict."""
+
+    precision: str
+    jit_compile: bool
+    steps_per_execution: int
+    samples_per_second: float = 0.0
+    loss: float | None = None  # mean loss of the first execution (from the same state and batches)
+    verdict: str = ""  # "chosen", "rejected: ...", "slower", "not measured: ..."
+
+    def choices(self) -> dict:
+        return {name: getattr(self, name) for name in TUNED_FIELDS}
+
+
+def cache_dir() -> pathlib.Path:
+    """Where tuned plans are kept: `$KERASFAST_CACHE_DIR`, else `~/.cache/kerasfast/plans`."""
+    root = os.environ.get("KERASFAST_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kerasfast")
+    return pathlib.Path(root) / "plans"
+
+
+def cache_key(model, sample_inputs, plan, hardware) -> str:
+    """A digest of what decides the fastest plan (not the weights)."""
+    structure = [type(model).__qualname__] + [
+        (type(layer).__qualname__, _unnamed(_config(layer)), [list(v.shape) for v in layer.weights])
+        for layer in model._flatten_layers(include_self=False, recursive=True)
+    ]
+    spec = keras.tree.map_structure(lambda t: [list(t.shape), str(t.dtype)], sample_inputs)
+    import tensorflow as tf
+
+    facts = {
+        "model": structure, "inputs": spec, "batch": plan.global_batch_size, "strategy": plan.strategy,
+        "replicas": plan.num_replicas, "grad_accum": plan.grad_accum_steps, "remat": plan.remat,
+        "train_step": plan.train_step, "cpu": hardware.cpu_model, "flags": list(hardware.cpu_flags),
+        "gpus": [gpu.name for gpu in hardware.gpus], "keras": keras.__version__, "tensorflow": tf.__version__,
+    }
+    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def _config(layer):
+    try:
+        return layer.get_config()
+    except Exception:  # a custom layer without get_config: its class and weights identify it
+        return None
+
+
+def _unnamed(value):
+    """A config without the names Keras numbers per session (`dense_3`)."""
+    if isinstance(value, dict):
+        return {key: _unnamed(item) for key, item in value.items() if key not in ("name", "inbound_nodes")}
+    if isinstance(value, (list, tuple)):
+        return [_unnamed(item) for item in value]
+    return value
+
+
+def cached_choice(key: str) -> tuple[dict, pathlib.Path] | None:
+    path = cache_dir() / f"{key}.json"
+    try:
+        stored = json.loads(path.read_text())
+        return {name: stored["chosen"][name] for name in TUNED_FIELDS}, path
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def store_choice(key: str, chosen: Measurement, table: list[Measurement]) -> pathlib.Path | None:
+    from kerasfast.runs import write_json
+
+    try:
+        return write_json(cache_dir() / f"{key}.json",
+                          {"chosen": chosen.choices(), "table": [dataclasses.asdict(row) for row in table]})
+    except OSError:
+        return None  # a read-only home: tuning still worked, it is just not remembered
+
+
+def budget_seconds(mode: str, estimated_run_s: float | None, budget_s: float | None) -> float | None:
+    """Seconds tuning may take, or None when the run is not worth tuning."""
+    if budget_s is not None:
+        return float(budget_s)
+    if mode == "full":
+        return math.inf
+    if estimated_run_s is None:
+        return None
+    budget = min(BUDGET_SHARE * estimated_run_s, MAX_BUDGET_S)
+    return budget if budget >= 2 * MIN_CANDIDATE_S else None
+
+
+def _variables(model) -> list:
+    from kerasfast.training.backup import training_variables
+
+    return training_variables(model)
+
+
+@contextlib.contextmanager
+def state_restored(model):
+    """Puts every variable training changes (weights, optimizer, metrics,
+    seed generators) back as it was when the block began."""
+    variables = _variables(model)
+    saved = [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
+    try:
+        yield
+    finally:
+        for variable, value in zip(variables, saved, strict=True):
+            variable.assign(value)
+
+
+def tune_plan(model, candidates: list, strategy, batches, *, samples_per_step: int, budget_s: float,
+              reference_precision: str = "float32", agree=None) -> tuple[object, list[Measurement]]:
+    """Measures `candidates` (plans differing in TUNED_FIELDS) and picks the fastest.
+
+    Args:
+        model: The compiled, built model (its state is restored afterwards).
+        candidates: Plans, the rule-based plan first; the first is also the
+            fallback when nothing else can be measured.
+        strategy: The `tf.distribute.Strategy` (the default one on one device).
+        batches: A finite `tf.data.Dataset` of batches, repeated for each
+            candidate so that all see the same data.
+        samples_per_step: Global batch size, to turn steps/s into samples/s.
+        budget_s: Seconds tuning may take; candidates not reached are listed
+            as "not measured".
+        reference_precision: Losses are compared with this precision's.
+        agree: `f(flag) -> flag` making a yes/no decision the same on every
+            worker (the chief's), so that all run the same candidates;
+            None on one process.
+
+    Returns:
+        `(plan, table)`: the chosen plan and one `Measurement` per candidate.
+    """
+    table = [Measurement(p.precision, p.jit_compile, p.steps_per_execution) for p in candidates]
+    functions = {}
+    started = time.perf_counter()
+    with state_restored(model):
+        for round_ in range(2):
+            for index, plan in enumerate(candidates):
+                row = table[index]
+                if row.verdict.startswith("rejected") or (round_ and index not in functions):
+                    continue
+                spent = not round_ and index and time.perf_counter() - started > budget_s
+                if agree is not None and not round_ and index:
+                    spent = agree(spent)
+                if spent:
+                    row.verdict = "not measured: tuning budget spent"
+                    continue
+                with state_restored(model):
+                    try:
+                        rate, loss = _measure(model, plan, strategy, batches, samples_per_step, functions, index,
+                                              fixed_executions=FIXED_EXECUTIONS if agree is not None else None)
+                    except Exception as error:  # a candidate that cannot run is rejected, not fatal
+                        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+                        row.verdict = f"rejected: {type(error).__name__}: {(lines or [''])[-1][:160]}"
+                        continue
+                row.samples_per_second = max(row.samples_per_second, rate)
+                row.loss = loss if row.loss is None else row.loss
+    _judge(table, reference_precision)
+    best = max((i for i, row in enumerate(table) if row.verdict == "ok"), key=lambda i: table[i].samples_per_second,
+               default=0)
+    for i, row in enumerate(table):
+        if row.verdict == "ok":
+            row.verdict = "chosen" if i == best else "slower"
+    if table[best].verdict != "chosen":
+        table[best].verdict = "chosen (fallback: the rule-based plan)"
+    return candidates[best], table
+
+
+def _judge(table: list[Measurement], reference_precision: str) -> None:
+    """Rejects candidates whose loss is not finite or strays from the
+    reference precision's on the same steps (same steps per execution)."""
+    references = {}
+    for row in table:
+        if row.precision == reference_precision and row.loss is not None and math.isfinite(row.loss):
+            references.setdefault(row.steps_per_execution, row.loss)
+    for row in table:
+        if row.verdict:
+            continue
+        reference = references.get(row.steps_per_execution)
+        if row.loss is None or not math.isfinite(row.loss):
+            row.verdict = f"rejected: loss {row.loss} is not finite"
+        elif reference is not None and abs(row.loss - reference) > LOSS_RTOL * abs(reference) + LOSS_ATOL:
+            row.verdict = (f"rejected: loss {row.loss:.4g} vs {reference_precision}'s {reference:.4g} "
+                           f"(tolerance {LOSS_RTOL:.0%} + {LOSS_ATOL})")
+        else:
+            row.verdict = "ok"
+
+
+def _measure(model, plan, strategy, batches, samples_per_step, functions, index, *,
+             fixed_executions: int | None = None) -> tuple[float, float]:
+    """Steady-state samples/s, and the first execution's loss (NaN when any
+    loss was not finite), of `plan`'s train function on `batches`.
+
+    Runs for `MEASURE_S`, or `fixed_executions` executions when every worker
+    must run the same number (each execution holds collectives).
+    """
+    from kerasfast.distribute import keras_compat
+    from kerasfast.distribute.steps import DistributedSteps
+    from kerasfast.training import optimizers
+    from kerasfast.training.session import borrowed
+
+    with borrowed(model, plan), strategy.scope():
+        if index not in functions:
+            scaler = optimizers.loss_scaling(model.optimizer, plan)
+            if scaler is not None:
+                scaler.build(model.trainable_variables)
+            keras_compat.detach_from_creation_strategy(model)
+            steps = DistributedSteps(model, strategy, steps_per_execution=plan.steps_per_execution,
+                                     grad_accum_steps=plan.grad_accum_steps, jit_compile=plan.jit_compile,
+                                     optimizer=scaler)
+            functions[index] = steps.train_function()
+        train = functions[index]
+        iterator = iter(strategy.experimental_distribute_dataset(batches.repeat()))
+        first_loss = _loss(train(iterator))  # the first execution compiles (and is not timed)
+        executions, finite = 0, True
+        began = time.perf_counter()
+        while True:
+            finite = finite and math.isfinite(_loss(train(iterator)))
+            executions += 1
+            elapsed = time.perf_counter() - began
+            if (executions >= fixed_executions) if fixed_executions else (elapsed >= MEASURE_S and executions >= 2):
+                break
+    return executions * plan.steps_per_execution * samples_per_step / elapsed, first_loss if finite else math.nan
+
+
+def _loss(logs) -> float:
+    value = logs.get("loss") if isinstance(logs, dict) else None
+    return float(keras.ops.convert_to_numpy(value)) if value is not None else math.nan
+
+
+def format_table(table: list[Measurement]) -> list[str]:
+    """Lines of the tuning table, as the plan prints it."""
+    lines = ["  tuning (measured on your model; compile time excluded):"]
+    for row in table:
+        rate = f"{row.samples_per_second:,.0f} samples/s" if row.samples_per_second else "-"
+        loss = f"loss {row.loss:.4g}" if row.loss is not None and math.isfinite(row.loss) else ""
+        lines.append(f"    {row.precision:<16} jit={str(row.jit_compile):<5} spe={row.steps_per_execution:<4} "
+                     f"{rate:>20}  {loss:<14} {row.verdict}")
+    return lines

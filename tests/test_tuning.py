@@ -1,0 +1,152 @@
+"""`tune=`: candidate plans timed on the user's model; the state put back
+exactly; the choice cached; slow and numerically wrong candidates lose."""
+
+import time
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kerasfast
+from kerasfast.plan import Plan
+from kerasfast.training import tuning
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERASFAST_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _data(n=1024, features=16):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(n, features)).astype("float32")
+    return x, (x[:, :4].sum(axis=1) > 0).astype("int32")
+
+
+def _mlp(width=64, extra=None):
+    keras.utils.set_random_seed(0)
+    layers = [keras.Input((16,)), keras.layers.Dense(width, activation="relu"), keras.layers.Dropout(0.1)]
+    layers += extra or []
+    model = keras.Sequential(layers + [keras.layers.Dense(2)])
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), optimizer="adam")
+    return model
+
+
+FIT = dict(epochs=2, batch_size=32, run_dir=False, verbose=0)
+
+
+def test_tuning_never_changes_what_training_computes():
+    x, y = _data()
+    tuned = kerasfast.fit(_mlp(), x, y, tune="full", tune_budget_s=60, **FIT)
+    assert len(tuned.plan.tuning) > 1
+    chosen = {name: getattr(tuned.plan, name) for name in tuning.TUNED_FIELDS}
+    plain = kerasfast.fit(_mlp(), x, y, tune="off", **chosen, **FIT)
+    for a, b in zip(tuned.model.get_weights(), plain.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert tuned.history.history == plain.history.history
+
+
+def test_the_choice_is_cached_and_a_changed_model_or_batch_tunes_again(private_cache, capsys):
+    x, y = _data()
+    first = kerasfast.fit(_mlp(), x, y, tune="auto", tune_budget_s=3, **FIT)
+    assert first.plan.tuning and len(list(private_cache.glob("plans/*.json"))) == 1
+    again = kerasfast.fit(_mlp(), x, y, tune="auto", tune_budget_s=3, **FIT)
+    assert again.plan.tuning == ()  # nothing measured this time
+    assert "tuned earlier: cached in" in again.plan.reasons["steps_per_execution"]
+    assert {f: getattr(again.plan, f) for f in tuning.TUNED_FIELDS} == \
+        {f: getattr(first.plan, f) for f in tuning.TUNED_FIELDS}
+    wider = kerasfast.fit(_mlp(width=96), x, y, tune="auto", tune_budget_s=3, **FIT)
+    assert wider.plan.tuning
+    other_batch = kerasfast.fit(_mlp(), x, y, tune="auto", tune_budget_s=3, **{**FIT, "batch_size": 64})
+    assert other_batch.plan.tuning
+    assert len(list(private_cache.glob("plans/*.json"))) == 3
+
+
+def test_overrides_are_kept_and_tune_off_measures_nothing():
+    x, y = _data()
+    result = kerasfast.fit(_mlp(), x, y, tune="auto", tune_budget_s=5, precision="float32", **FIT)
+    assert {row["precision"] for row in result.plan.tuning} == {"float32"}
+    assert kerasfast.fit(_mlp(), x, y, tune="off", **FIT).plan.tuning == ()
+
+
+def test_a_short_run_is_not_tuned_on_auto():
+    x, y = _data(256)
+    assert kerasfast.fit(_mlp(), x, y, tune="auto", **FIT).plan.tuning == ()
+
+
+class _Rigged(keras.layers.Layer):
+    """Slow, or NaN, only when computing in bfloat16."""
+
+    def __init__(self, how, **kwargs):
+        super().__init__(**kwargs)
+        self.how = how
+
+    def call(self, x):
+        if self.compute_dtype != "bfloat16":
+            return x
+        if self.how == "nan":
+            return x * float("nan")
+
+        def slowly(value):
+            time.sleep(0.02)
+            return value
+
+        return tf.ensure_shape(tf.numpy_function(slowly, [x], x.dtype, stateful=True), x.shape)
+
+
+def _candidates(model, x, y):
+    """The rule-based float32 plan and its mixed_bfloat16 twin."""
+    result = kerasfast.fit(model, x, y, tune="off", precision="float32", steps_per_execution=4, epochs=1,
+                           batch_size=32, run_dir=False, verbose=0)
+    plan: Plan = result.plan
+    import dataclasses
+
+    return [plan, dataclasses.replace(plan, precision="mixed_bfloat16")]
+
+
+@pytest.mark.parametrize("how, verdict", [("slow", "slower"), ("nan", "rejected: loss nan is not finite")])
+def test_a_rigged_candidate_is_not_chosen(how, verdict):
+    x, y = _data()
+    model = _mlp(extra=[_Rigged(how)])
+    candidates = _candidates(model, x, y)
+    batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(32).take(16).cache()
+    before = [w.copy() for w in model.get_weights()]
+    chosen, table = tuning.tune_plan(model, candidates, tf.distribute.get_strategy(), batches,
+                                     samples_per_step=32, budget_s=60)
+    assert chosen.precision == "float32" and table[0].verdict == "chosen"
+    assert table[1].verdict == verdict
+    for a, b in zip(before, model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"tune": "yes"}, "tune='yes' is not valid"),
+    ({"tune_budget_s": -1}, "tune_budget_s=-1 is not valid"),
+])
+def test_bad_tuning_arguments_are_refused(options, message):
+    x, y = _data(64)
+    with pytest.raises(kerasfast.PlanError, match=message):
+        kerasfast.fit(_mlp(), x, y, **FIT, **options)
+
+
+@pytest.mark.slow
+def test_two_workers_train_with_the_chiefs_tuned_plan(tmp_path):
+    import json
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    command = [sys.executable, "-m", "kerasfast.cli", "launch", "-n", "2", "--", sys.executable,
+               str(root / "tests" / "workers" / "tuned.py"), str(tmp_path)]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(root),
+           "KERASFAST_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:]
+    chief, other = (json.loads((tmp_path / f"plan.worker{i}.json").read_text()) for i in range(2))
+    assert chief["measured"] > 1
+    assert chief["chosen"] == other["chosen"]
+    assert chief["weights"] == other["weights"]

@@ -1,0 +1,42 @@
+"""A worker of the distributed tuning test: `kerasfast.fit(tune="full")`
+under MultiWorkerMirroredStrategy; writes the plan it trained with.
+
+    python tests/workers/tuned.py OUT_DIR        (started by `kerasfast launch`)
+"""
+
+import json
+import os
+import pathlib
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+out_dir = pathlib.Path(sys.argv[1])
+
+import kerasfast  # noqa: E402
+
+kerasfast.distribute.setup()
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+index = kerasfast.distribute.cluster_from_env().index
+rng = np.random.default_rng(0)
+x = rng.normal(size=(1024, 16)).astype("float32")
+y = (x[:, :4].sum(axis=1) > 0).astype("int32")
+
+
+def build():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(2)])
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), optimizer="adam")
+    return model
+
+
+result = kerasfast.fit(build, x, y, strategy="multi_worker", tune="full", tune_budget_s=60, epochs=1, batch_size=64,
+                       run_dir=False, verbose=0)
+plan = result.plan
+(out_dir / f"plan.worker{index}.json").write_text(json.dumps({
+    "chosen": {name: getattr(plan, name) for name in ("precision", "jit_compile", "steps_per_execution")},
+    "measured": len(plan.tuning), "weights": [float(np.sum(w)) for w in result.model.get_weights()],
+}))
+print(f"worker {index} done")
