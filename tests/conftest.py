@@ -1,8 +1,12 @@
 """Shared fixtures: real data (scikit-learn digits) and small real models."""
 
 import os
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Tuned plans are cached per test session (worker processes inherit it), never
+# read from or written to the user's own cache.
+os.environ["KERASFAST_CACHE_DIR"] = tempfile.mkdtemp(prefix="kerasfast-test-cache-")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
