@@ -98,16 +98,25 @@ def quickstart(out_dir, epochs, batch_size, precision):
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("-n", "--num-workers", type=click.IntRange(min=1), required=True, help="Worker processes to start.")
-@click.option("--port", type=click.IntRange(1, 65535), default=None, help="First port (default: free ports).")
+@click.option("--port", type=click.IntRange(1, 65535), default=None,
+              help="First port (default: free ports; 20000 in the private namespace).")
+@click.option("--host-network", is_flag=True,
+              help="Run the workers on the host network (e.g. to download data) instead of in a private "
+                   "network namespace with only loopback; their servers then listen on all interfaces.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def launch(num_workers, port, command):
+def launch(num_workers, port, host_network, command):
     """Run COMMAND as an N-worker job on this machine (TF_CONFIG on loopback).
 
-    The ports are held from their choice until the job ends. SIGINT, SIGTERM
-    and SIGHUP are passed on to every worker, which is killed if still
-    running 3 s later; the exit code is then 128 + the signal's number.
-    TensorFlow's worker servers listen on every interface, without
-    authentication, whatever TF_CONFIG says: see docs/distributed.md.
+    The workers run in one private network namespace of their own, with only
+    loopback: TensorFlow's worker servers, which listen on every interface
+    without authentication whatever TF_CONFIG says, cannot be reached from
+    outside it, and the workers cannot reach other machines. Where no
+    namespace can be made (not Linux, user namespaces refused), or with
+    --host-network, they use the host network; the first line printed says
+    which, and why. On the host network the ports are held from their choice
+    until the job ends. SIGINT, SIGTERM and SIGHUP are passed on to every
+    worker, which is killed if still running 3 s later; the exit code is
+    then 128 + the signal's number. See docs/distributed.md.
 
     Example: kerasfast launch -n 2 -- python train.py --epochs 3
     """
@@ -115,7 +124,7 @@ def launch(num_workers, port, command):
     from kerasfast.errors import KerasfastError
 
     try:
-        code = run_workers(list(command), num_workers, port=port)
+        code = run_workers(list(command), num_workers, port=port, host_network=host_network)
     except KerasfastError as error:
         raise click.ClickException(str(error)) from error
     sys.exit(code)

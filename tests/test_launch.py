@@ -1,4 +1,5 @@
-"""`kerasfast launch` with real processes: held ports, what the workers bind, and stop signals.
+"""`kerasfast launch` with real processes: the private network namespace (and
+its fallback), held ports, what the workers bind, and stop signals.
 
 The workers are small Python scripts (TensorFlow only where its server is
 the point) started by the launcher as a user starts it, in a subprocess,
@@ -9,6 +10,7 @@ import errno
 import json
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
@@ -19,13 +21,33 @@ import pytest
 from click.testing import CliRunner
 
 from kerasfast.cli import main as cli
-from kerasfast.distribute.launch import launch, reserve_ports
+from kerasfast.distribute.launch import NamespaceUnavailable, PrivateNetwork, launch, reserve_ports
 from kerasfast.errors import PlanError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(ROOT)}
 LAUNCH = [sys.executable, "-m", "kerasfast.cli", "launch", "-n", "2", "--", sys.executable]
+HOST_LAUNCH = [sys.executable, "-m", "kerasfast.cli", "launch", "-n", "2", "--host-network", "--", sys.executable]
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+PRIVATE_LINE = "[kerasfast launch] workers in a private network namespace: they listen on its loopback only"
+HOST_LINE = "[kerasfast launch] workers on the host network (--host-network): they listen on all interfaces"
+FALLBACK_LINE = "[kerasfast launch] workers listen on all interfaces: could not create a private network namespace"
+
+
+def _namespace_missing() -> str | None:
+    """Why this machine cannot give the workers a private network namespace (None: it can)."""
+    try:
+        PrivateNetwork.create().close()
+    except NamespaceUnavailable as error:
+        return f"needs unprivileged user namespaces (or root): {error}"
+    return None
+
+
+NAMESPACE_MISSING = _namespace_missing()
+needs_namespaces = pytest.mark.skipif(NAMESPACE_MISSING is not None, reason=NAMESPACE_MISSING or "")
+# The launcher as the user runs it, in each network mode.
+NETWORKS = [pytest.param(LAUNCH, id="private", marks=needs_namespaces),
+            pytest.param(HOST_LAUNCH, id="host-network")]
 
 # Binds a socket as TensorFlow's gRPC server does under TF_GRPC_REUSE_PORT=1:
 # SO_REUSEPORT, every interface (dual-stack [::], else 0.0.0.0).
@@ -75,7 +97,9 @@ index = config["task"]["index"]
 import tensorflow as tf
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
 total = strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
-report = {"pid": os.getpid(), "address": config["cluster"]["worker"][index], "sum": float(total)}
+import socket
+report = {"pid": os.getpid(), "address": config["cluster"]["worker"][index], "sum": float(total),
+          "uid": os.getuid(), "interfaces": [name for _, name in socket.if_nameindex()]}
 (out / f"worker{index}.tmp").write_text(json.dumps(report))
 (out / f"worker{index}.tmp").rename(out / f"worker{index}.json")
 deadline = time.monotonic() + 120
@@ -141,27 +165,41 @@ def _address(hex_address: str) -> str:
     return socket.inet_ntop(socket.AF_INET6 if len(raw) == 16 else socket.AF_INET, raw)
 
 
-def listening(pid: int) -> set[tuple[str, int]]:
-    """The (address, port) pairs process `pid` listens on, from /proc."""
-    fd_dir = pathlib.Path(f"/proc/{pid}/fd")
-    sockets = set()
-    for fd in fd_dir.iterdir():
-        try:
-            sockets.add(os.readlink(fd))
-        except OSError:
-            pass
-    found = set()
+def _tables(net_dir: pathlib.Path):
+    """(address, port, state, inode) of every TCP socket in a network namespace's /proc tables."""
     for table in ("tcp", "tcp6"):
-        path = pathlib.Path(f"/proc/net/{table}")
+        path = net_dir / table
         if not path.exists():
             continue
         for line in path.read_text().splitlines()[1:]:
             fields = line.split()
-            local, state, inode = fields[1], fields[3], fields[9]
-            if state == "0A" and f"socket:[{inode}]" in sockets:  # 0A: LISTEN
-                address, port = local.rsplit(":", 1)
-                found.add((_address(address), int(port, 16)))
-    return found
+            address, port = fields[1].rsplit(":", 1)
+            yield _address(address), int(port, 16), fields[3], fields[9]
+
+
+def socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    for fd in pathlib.Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            link = os.readlink(fd)
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[len("socket:["):-1])
+    return inodes
+
+
+def listening(pid: int) -> set[tuple[str, int]]:
+    """The (address, port) pairs process `pid` listens on, as its own network namespace shows them."""
+    inodes = socket_inodes(pid)
+    # 0A: LISTEN
+    return {(address, port) for address, port, state, inode in _tables(pathlib.Path(f"/proc/{pid}/net"))
+            if state == "0A" and inode in inodes}
+
+
+def host_listeners() -> set[tuple[int, str]]:
+    """(port, inode) of every listening TCP socket in this (the test's, the host's) network namespace."""
+    return {(port, inode) for _, port, state, inode in _tables(pathlib.Path("/proc/self/net")) if state == "0A"}
 
 
 def test_reserved_ports_are_refused_to_other_programs_until_released():
@@ -188,7 +226,7 @@ def test_reserved_ports_are_refused_to_other_programs_until_released():
             other.bind(("127.0.0.1", port))
 
 
-def test_a_requested_port_in_use_is_refused_before_any_worker_starts(tmp_path):
+def test_a_requested_port_in_use_is_refused_before_any_worker_starts_on_the_host_network(tmp_path):
     marker = tmp_path / "started"
     script = f"import pathlib; pathlib.Path({str(marker)!r}).write_text('started')"
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
@@ -196,8 +234,9 @@ def test_a_requested_port_in_use_is_refused_before_any_worker_starts(tmp_path):
         taken.listen()
         port = taken.getsockname()[1]
         with pytest.raises(PlanError, match=f"port {port} is in use"):
-            launch([sys.executable, "-c", script], 2, port=port)
-        shown = CliRunner().invoke(cli, ["launch", "-n", "2", "--port", str(port), "--", sys.executable, "-c", script])
+            launch([sys.executable, "-c", script], 2, port=port, host_network=True)
+        shown = CliRunner().invoke(cli, ["launch", "-n", "2", "--port", str(port), "--host-network", "--",
+                                         sys.executable, "-c", script])
     assert shown.exit_code == 1 and f"port {port} is in use" in shown.output
     # also when the port's listener shares with SO_REUSEPORT, as a worker of an earlier job still running does
     namespace = {}
@@ -207,64 +246,150 @@ def test_a_requested_port_in_use_is_refused_before_any_worker_starts(tmp_path):
         port = probe.getsockname()[1]
     with namespace["bind_like_tensorflow"](port):
         with pytest.raises(PlanError, match=f"port {port} is in use"):
-            launch([sys.executable, "-c", script], 1, port=port)
+            launch([sys.executable, "-c", script], 1, port=port, host_network=True)
     assert not marker.exists()
-    with pytest.raises(PlanError, match="ports end at 65535"):
-        launch([sys.executable, "-c", script], 2, port=65535)
+    for host_network in (True, False):
+        with pytest.raises(PlanError, match="ports end at 65535"):
+            launch([sys.executable, "-c", script], 2, port=65535, host_network=host_network)
 
 
-def test_workers_start_with_their_ports_held_for_them(tmp_path):
+@needs_namespaces
+def test_a_port_in_use_on_the_host_is_free_in_the_private_namespace(tmp_path):
+    # Each worker binds its port plainly (no SO_REUSEPORT) on every interface and listens: on the host
+    # the test's own listeners have them, but the workers' namespace has ports of its own.
+    script = ("import json, os, socket\n"
+              "config = json.loads(os.environ['TF_CONFIG'])\n"
+              "port = int(config['cluster']['worker'][config['task']['index']].rsplit(':', 1)[1])\n"
+              "sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)\n"
+              "sock.bind(('0.0.0.0', port)); sock.listen()\n"
+              "print('listening on', port, 'with', os.environ.get('TF_GRPC_REUSE_PORT'))\n")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken, \
+            socket.socket(socket.AF_INET, socket.SOCK_STREAM) as next_one:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        try:
+            next_one.bind(("0.0.0.0", port + 1))
+        except OSError:
+            pytest.skip(f"port {port + 1} is in use on this machine")
+        next_one.listen()
+        lines = []
+
+        class Collect:
+            def write(self, text):
+                lines.append(text)
+
+            def flush(self):
+                pass
+
+        assert launch([sys.executable, "-c", script], 2, port=port, out=Collect()) == 0, "".join(lines)
+    text = "".join(lines)
+    assert text.startswith(PRIVATE_LINE), text
+    # in the namespace no port is held for the workers (nothing else can take one there)
+    for index in range(2):
+        assert f"[worker {index}] listening on {port + index} with None" in text
+
+
+def test_workers_start_with_their_ports_held_for_them_on_the_host_network(tmp_path):
     script = write_script(tmp_path, HELD_PORT_WORKER)
-    assert launch([sys.executable, script, str(tmp_path)], 2, out=open(os.devnull, "w")) == 0
+    assert launch([sys.executable, script, str(tmp_path)], 2, out=open(os.devnull, "w"), host_network=True) == 0
     for index in range(2):
         result = json.loads((tmp_path / f"worker{index}.json").read_text())
         assert result == {"TF_GRPC_REUSE_PORT": "1", "127.0.0.1": "EADDRINUSE", "0.0.0.0": "EADDRINUSE",
                           "like_tensorflow": "listening"}, index
 
 
-@linux_only
-def test_tensorflow_workers_bind_their_held_ports_and_listen_on_every_interface(tmp_path):
-    """TensorFlow 2.21 cannot be told to listen on TF_CONFIG's loopback host.
-
-    `GrpcServer::Init` listens on "0.0.0.0:" + port (a dual-stack [::] in
-    gRPC); `ServerDef` has no bind address (docs/distributed.md). When this
-    fails because the workers listen on 127.0.0.1 only, TensorFlow has
-    changed: assert loopback here and drop the caveat from the docs.
-    """
+def _run_tensorflow_job(tmp_path, launcher_command, check_while_running):
+    """Runs TF_WORKER as a 2-worker job; `check_while_running(workers)` once both all-reduced."""
     script = write_script(tmp_path, TF_WORKER)
     log = tmp_path / "launch.log"
     with open(log, "w") as output:
-        launcher = subprocess.Popen([*LAUNCH, script, str(tmp_path)], stdout=output, stderr=subprocess.STDOUT,
-                                    env=ENV)
+        launcher = subprocess.Popen([*launcher_command, script, str(tmp_path)], stdout=output,
+                                    stderr=subprocess.STDOUT, env=ENV)
     try:
         reports = [tmp_path / f"worker{i}.json" for i in range(2)]
         wait_for(lambda: all(r.exists() for r in reports), 300, "the workers' all-reduce", launcher, log)
         workers = [json.loads(r.read_text()) for r in reports]
-        # the all-reduce worked while the launcher held the ports
-        assert [w["sum"] for w in workers] == [2.0, 2.0]
+        assert [w["sum"] for w in workers] == [2.0, 2.0]  # the all-reduce worked
         for worker in workers:
             host, port = worker["address"].rsplit(":", 1)
             assert host == "127.0.0.1"
-            addresses = {address for address, bound in listening(worker["pid"]) if bound == int(port)}
-            assert addresses, f"worker {worker} does not listen on its port {port}"
-            assert addresses <= {"::", "0.0.0.0"}, (
-                f"TensorFlow now listens on {addresses}: assert loopback here and update docs/distributed.md")
+            worker["port"] = int(port)
+            worker["listening"] = {address for address, bound in listening(worker["pid"]) if bound == int(port)}
+            assert worker["listening"], f"worker {worker} does not listen on its port {port}"
+        check_while_running(workers)
         (tmp_path / "done").touch()
         assert launcher.wait(timeout=120) == 0, log.read_text()[-3000:]
     finally:
         if launcher.poll() is None:
             launcher.send_signal(signal.SIGTERM)
             launcher.wait(timeout=30)
+    return log.read_text()
 
 
 @linux_only
+@needs_namespaces
+def test_tensorflow_workers_in_the_private_namespace_cannot_be_reached_from_the_host(tmp_path):
+    """The default: TensorFlow still listens on every interface, but of the workers' own namespace.
+
+    The workers' sockets appear in their namespace's /proc/PID/net tables, and
+    neither their sockets nor their ports in the host's.
+    """
+    before = {port for port, _ in host_listeners()}
+
+    def check(workers):
+        on_host = host_listeners()
+        for worker in workers:
+            # TensorFlow 2.21 binds the wildcard (see the host-network test), of the namespace's interfaces
+            assert worker["listening"] <= {"::", "0.0.0.0"}, worker["listening"]
+            assert worker["interfaces"] == ["lo"], worker["interfaces"]
+            assert worker["uid"] == os.getuid()
+            assert not socket_inodes(worker["pid"]) & {inode for _, inode in on_host}, (
+                f"worker {worker} has a socket listening on the host")
+            if worker["port"] not in before:
+                assert worker["port"] not in {port for port, _ in on_host}, (
+                    f"port {worker['port']} of worker {worker} is listening on the host")
+
+    text = _run_tensorflow_job(tmp_path, LAUNCH, check)
+    assert text.count(PRIVATE_LINE) == 1 and FALLBACK_LINE not in text, text[:1000]
+    for index in range(2):  # written by the workers: the invoking user's on the host
+        written = (tmp_path / f"worker{index}.json").stat()
+        assert (written.st_uid, written.st_gid) == (os.getuid(), os.getgid())
+
+
+@linux_only
+def test_tensorflow_workers_on_the_host_network_listen_on_every_interface(tmp_path):
+    """TensorFlow 2.21 cannot be told to listen on TF_CONFIG's loopback host.
+
+    `GrpcServer::Init` listens on "0.0.0.0:" + port (a dual-stack [::] in
+    gRPC); `ServerDef` has no bind address (docs/distributed.md). When this
+    fails because the workers listen on 127.0.0.1 only, TensorFlow has
+    changed: assert loopback here and update the docs (the private
+    namespace is then a second fence, no longer the only one).
+    """
+
+    def check(workers):
+        on_host = host_listeners()
+        for worker in workers:
+            assert worker["listening"] <= {"::", "0.0.0.0"}, (
+                f"TensorFlow now listens on {worker['listening']}: assert loopback here and update "
+                "docs/distributed.md")
+            # on the host network, the host's tables are the worker's
+            assert socket_inodes(worker["pid"]) & {inode for port, inode in on_host if port == worker["port"]}
+
+    text = _run_tensorflow_job(tmp_path, HOST_LAUNCH, check)
+    assert text.count(HOST_LINE) == 1 and PRIVATE_LINE not in text, text[:1000]
+
+
+@linux_only
+@pytest.mark.parametrize("launcher_command", NETWORKS)
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
-def test_a_stop_signal_stops_every_worker_within_5_seconds(tmp_path, signum):
+def test_a_stop_signal_stops_every_worker_within_5_seconds(tmp_path, signum, launcher_command):
     script = write_script(tmp_path, SIGNAL_WORKER)
     log = tmp_path / "launch.log"
     with open(log, "w") as output:
-        launcher = subprocess.Popen([*LAUNCH, script, str(tmp_path)], stdout=output, stderr=subprocess.STDOUT,
-                                    env=ENV)
+        launcher = subprocess.Popen([*launcher_command, script, str(tmp_path)], stdout=output,
+                                    stderr=subprocess.STDOUT, env=ENV)
     pid_files = [tmp_path / f"worker{i}.pid" for i in range(2)]
     pids = []
     try:
@@ -283,6 +408,7 @@ def test_a_stop_signal_stops_every_worker_within_5_seconds(tmp_path, signum):
         assert (tmp_path / "worker0.signal").read_text() == str(int(signum))
         text = log.read_text()
         assert "[worker 0] tick" in text and f"received {signum.name}; stopping the workers" in text
+        assert (PRIVATE_LINE if launcher_command is LAUNCH else HOST_LINE) in text
         assert gone_after < 5.0
     finally:
         for pid in pids:
@@ -291,3 +417,120 @@ def test_a_stop_signal_stops_every_worker_within_5_seconds(tmp_path, signum):
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
+
+
+# Reports what a worker sees of the network and writes a file as the host sees it.
+NETWORK_WORKER = """
+import json, os, pathlib, socket, sys
+index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+report = {"interfaces": sorted(name for _, name in socket.if_nameindex()), "uid": os.getuid(), "gid": os.getgid(),
+          "reuse_port": os.environ.get("TF_GRPC_REUSE_PORT")}
+pathlib.Path(sys.argv[1], "worker%d.json" % index).write_text(json.dumps(report))
+print("worker", index, "done")
+"""
+
+
+def _host_interfaces():
+    return sorted(name for _, name in socket.if_nameindex())
+
+
+@linux_only
+def test_without_a_namespace_the_job_runs_on_the_host_network_saying_why(tmp_path):
+    """KERASFAST_LAUNCH_NO_NAMESPACE=1 (the escape hatch) takes the path of a machine that refuses namespaces."""
+    script = write_script(tmp_path, NETWORK_WORKER)
+    done = subprocess.run([*LAUNCH, script, str(tmp_path)], capture_output=True, text=True, timeout=300,
+                          env={**ENV, "KERASFAST_LAUNCH_NO_NAMESPACE": "1"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    line = f"{FALLBACK_LINE} (KERASFAST_LAUNCH_NO_NAMESPACE=1 is set)\n"
+    assert done.stdout.count(line) == 1 and PRIVATE_LINE not in done.stdout, done.stdout
+    assert "[worker 0] worker 0 done" in done.stdout and "[worker 1] worker 1 done" in done.stdout
+    for index in range(2):  # the host network, with the ports held for the workers
+        report = json.loads((tmp_path / f"worker{index}.json").read_text())
+        assert report["interfaces"] == _host_interfaces() and report["reuse_port"] == "1"
+
+
+@linux_only
+@needs_namespaces
+def test_where_the_kernel_refuses_namespaces_the_job_runs_on_the_host_network_saying_why(tmp_path):
+    """A real refusal: in a user namespace whose limits allow no further network or user namespace."""
+    if not shutil.which("unshare"):
+        pytest.skip("needs util-linux unshare")
+    script = write_script(tmp_path, NETWORK_WORKER)
+    limits = "echo 0 > /proc/sys/user/max_net_namespaces && echo 0 > /proc/sys/user/max_user_namespaces"
+    done = subprocess.run(["unshare", "--user", "--map-root-user", "sh", "-c", f'{limits} && exec "$@"', "sh",
+                           *LAUNCH, script, str(tmp_path)], capture_output=True, text=True, timeout=300, env=ENV)
+    if "max_net_namespaces" in done.stderr:
+        pytest.skip(f"cannot lower namespace limits here: {done.stderr.strip()}")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    line = f"{FALLBACK_LINE} (unshare: {os.strerror(errno.ENOSPC)})\n"
+    assert done.stdout.count(line) == 1, done.stdout
+    for index in range(2):
+        report = json.loads((tmp_path / f"worker{index}.json").read_text())
+        assert report["interfaces"] == _host_interfaces() and report["reuse_port"] == "1"
+
+
+@linux_only
+@needs_namespaces
+def test_workers_in_the_namespace_see_only_loopback_and_write_files_as_the_invoking_user(tmp_path):
+    script = write_script(tmp_path, NETWORK_WORKER)
+    done = subprocess.run([*LAUNCH, script, str(tmp_path)], capture_output=True, text=True, timeout=300, env=ENV)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count(PRIVATE_LINE) == 1, done.stdout
+    for index in range(2):
+        written = tmp_path / f"worker{index}.json"
+        report = json.loads(written.read_text())
+        assert report["interfaces"] == ["lo"] and report["reuse_port"] is None
+        assert (report["uid"], report["gid"]) == (os.getuid(), os.getgid())  # their own ids, inside too
+        assert (written.stat().st_uid, written.stat().st_gid) == (os.getuid(), os.getgid())
+
+
+# The launcher module alone (it needs only kerasfast.errors), for a Python
+# without TensorFlow: the system's, run as an unprivileged user.
+UNPRIVILEGED_LAUNCHER = """
+import importlib.util, sys, types
+root, out, script = sys.argv[1:4]
+package = types.ModuleType("kerasfast")
+package.__path__ = [root + "/kerasfast"]
+sys.modules["kerasfast"] = package
+spec = importlib.util.spec_from_file_location("launch_alone", root + "/kerasfast/distribute/launch.py")
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+sys.exit(module.launch([sys.executable, script, out], 2))
+"""
+
+
+@linux_only
+@pytest.mark.skipif(os.getuid() != 0, reason="run as root: then the launcher runs as nobody (as this user, the "
+                                             "test above already takes the user-namespace path)")
+def test_an_unprivileged_user_gets_a_user_namespace_and_owns_the_workers_files():
+    """As root the launcher needs no user namespace; an ordinary user's path is checked as nobody."""
+    import tempfile
+
+    python, setpriv = "/usr/bin/python3", shutil.which("setpriv")
+    if not setpriv or not os.access(python, os.X_OK):
+        pytest.skip("needs setpriv and /usr/bin/python3 to run the launcher as an unprivileged user")
+    nobody = 65534
+    folder = pathlib.Path(tempfile.mkdtemp(prefix="kerasfast-launch-"))
+    try:
+        folder.chmod(0o755)
+        out = folder / "out"
+        out.mkdir()
+        os.chown(out, nobody, nobody)
+        (folder / "launcher.py").write_text(UNPRIVILEGED_LAUNCHER)
+        (folder / "worker.py").write_text(NETWORK_WORKER)
+        done = subprocess.run([setpriv, f"--reuid={nobody}", f"--regid={nobody}", "--clear-groups", python,
+                               str(folder / "launcher.py"), str(ROOT), str(out), str(folder / "worker.py")],
+                              capture_output=True, text=True, timeout=120, cwd=folder,
+                              env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+        if FALLBACK_LINE in done.stdout:
+            pytest.skip(f"needs unprivileged user namespaces: {done.stdout.strip()}")
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert done.stdout.count(PRIVATE_LINE) == 1, done.stdout
+        for index in range(2):
+            written = out / f"worker{index}.json"
+            report = json.loads(written.read_text())
+            assert report["interfaces"] == ["lo"]
+            assert (report["uid"], report["gid"]) == (nobody, nobody)  # not root inside the namespace
+            assert (written.stat().st_uid, written.stat().st_gid) == (nobody, nobody)
+    finally:
+        shutil.rmtree(folder)

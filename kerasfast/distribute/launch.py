@@ -7,22 +7,41 @@ prefixed with its worker's index. When one worker fails, the others are
 stopped at once instead of hanging in a collective, and the launcher exits
 with the failed worker's code.
 
-Ports. The launcher binds the workers' ports itself before it starts them
-and holds them until the job ends, so no other program can take a port
-between its choice and the worker's bind. TensorFlow's server cannot adopt
-an open socket, but with `TF_GRPC_REUSE_PORT=1` (set in every worker) it
-binds with SO_REUSEPORT, which Linux and macOS let it share with the
+Network. By default the workers run in one private network namespace of
+their own (Linux), where only its loopback exists: whatever they listen on
+cannot be reached from outside it, and they cannot reach other machines.
+This matters because TensorFlow 2.21's gRPC server (`GrpcServer::Init`)
+listens on `"0.0.0.0:" + port` whatever host `TF_CONFIG` names (gRPC makes
+that a dual-stack `[::]`): `ServerDef` has a `port` field but no address,
+and the only environment variable `Init` reads is `TF_GRPC_REUSE_PORT`, so
+on the host network the workers' unauthenticated servers listen on every
+interface. The namespace is made by a short-lived holder process (`python
+-I -S`): `unshare(CLONE_NEWNET)` where the launcher may (root), else
+`unshare(CLONE_NEWUSER | CLONE_NEWNET)` with the invoking uid and gid mapped
+to themselves (so the workers keep their uid, and what they write belongs
+to the invoking user on the host); it brings `lo` up with `SIOCSIFFLAGS`.
+The launcher keeps the namespaces open by file descriptor, and each worker
+starts through a trampoline (`python -I -S`) that `setns()`es into them and
+then `exec`s the command, so the worker's pid, process group and exit code
+are the command's. When a namespace cannot be made (not Linux, user
+namespaces refused, e.g. in a container; or `KERASFAST_LAUNCH_NO_NAMESPACE=1`,
+a test and escape hatch), the workers use the host network and the launcher
+says why in one line; `host_network=True` (`--host-network`) asks for the
+host network. The launcher prints which it uses at the start.
+`tests/test_launch.py` checks both, and what the workers listen on, to tell
+us when TensorFlow changes.
+
+Ports. In the private namespace nothing else can take a port, so the
+workers get `NAMESPACE_FIRST_PORT`, +1, ... (below the kernel's ephemeral
+range, which the workers' own outgoing connections use), or `--port`'s.
+On the host network the launcher binds the workers' ports itself before it
+starts them and holds them until the job ends, so no other program can take
+a port between its choice and the worker's bind. TensorFlow's server cannot
+adopt an open socket, but with `TF_GRPC_REUSE_PORT=1` (set in every worker)
+it binds with SO_REUSEPORT, which Linux and macOS let it share with the
 launcher's held socket (same user, both with SO_REUSEPORT); a program
 without SO_REUSEPORT gets "address in use". The held socket never listens,
 so every connection goes to the worker.
-
-Bind address. TensorFlow 2.21's gRPC server (`GrpcServer::Init`) listens on
-`"0.0.0.0:" + port` whatever host `TF_CONFIG` names (gRPC makes that a
-dual-stack `[::]`): `ServerDef` has a `port` field but no address, and the
-only environment variable `Init` reads is `TF_GRPC_REUSE_PORT`. So the
-workers listen on every interface, without authentication;
-docs/distributed.md says how to confine them, and `tests/test_launch.py`
-checks what they bind, to tell us when TensorFlow changes.
 
 Signals. SIGINT, SIGTERM and SIGHUP to the launcher are forwarded to every
 worker's process group; a worker still running `TERMINATE_GRACE_S` later
@@ -32,7 +51,9 @@ signal's number.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import ipaddress
 import json
 import os
 import signal
@@ -56,6 +77,186 @@ STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SI
 # Where SO_REUSEPORT is missing (Windows), the held ports are released just
 # before the workers start, and a port can be taken in between.
 _SHARES_PORTS = hasattr(socket, "SO_REUSEPORT")
+# In a private namespace the workers' ports start here: below the kernel's
+# ephemeral range (32768-60999 in a new namespace), from which the workers'
+# own outgoing connections take their ports.
+NAMESPACE_FIRST_PORT = 20000
+# Set (to anything but "" or "0") in the launcher's environment, it makes
+# the namespace "unavailable": the workers use the host network, as where
+# namespaces are refused (for tests, and as an escape hatch).
+NO_NAMESPACE_ENV = "KERASFAST_LAUNCH_NO_NAMESPACE"
+
+# The holder: makes the namespace, brings its loopback up, says "ready
+# <kind>" (or "error <reason>") and waits until its stdin closes, by which
+# time the launcher has opened its namespaces. Run as `python -I -S -c`, so
+# that it is single-threaded (unshare(CLONE_NEWUSER) requires it) and
+# starts in ~10 ms.
+_HOLDER = r"""
+import ctypes, fcntl, os, socket, struct, sys
+
+CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+
+
+def fail(step, code):
+    sys.stdout.write("error %s: %s\n" % (step, os.strerror(code)))
+    sys.stdout.flush()
+    sys.exit(1)
+
+
+libc = ctypes.CDLL(None, use_errno=True)
+uid, gid = os.geteuid(), os.getegid()
+# A network namespace alone where allowed (root keeps all its privileges);
+# else a user namespace too, which unprivileged users may create.
+if libc.unshare(CLONE_NEWNET) == 0:
+    kind = "net"
+else:
+    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
+        fail("unshare", ctypes.get_errno())
+    kind = "user"
+    # The invoking uid and gid map to themselves: the workers keep them
+    # (and no capabilities once they exec), and their files are the user's.
+    for name, text in (("setgroups", "deny"), ("uid_map", "%d %d 1" % (uid, uid)),
+                       ("gid_map", "%d %d 1" % (gid, gid))):
+        try:
+            with open("/proc/self/" + name, "w") as f:
+                f.write(text)
+        except FileNotFoundError:
+            if name != "setgroups":  # kernels before 3.19 have no setgroups file
+                fail("writing /proc/self/" + name, 2)
+        except OSError as error:
+            fail("writing /proc/self/" + name, error.errno)
+try:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack("16sH22x", b"lo", 0)
+        flags = struct.unpack("16sH22x", fcntl.ioctl(sock, SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | IFF_UP))
+except OSError as error:
+    fail("bringing up lo", error.errno)
+sys.stdout.write("ready %s\n" % kind)
+sys.stdout.flush()
+sys.stdin.read()
+"""
+
+# The trampoline each worker starts with: joins the namespaces given as
+# file descriptors (argv[1], "fd,fd"), closes them and execs the command
+# (argv[2:]; none: just check that joining works). Also `python -I -S -c`:
+# setns() into a user namespace requires a single-threaded caller.
+_TRAMPOLINE = r"""
+import errno, os, sys
+
+fds = [int(fd) for fd in sys.argv[1].split(",")]
+try:
+    if hasattr(os, "setns"):  # Python 3.12+
+        for fd in fds:
+            os.setns(fd, 0)
+    else:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        for fd in fds:
+            if libc.setns(fd, 0) != 0:
+                code = ctypes.get_errno()
+                raise OSError(code, os.strerror(code))
+except OSError as error:
+    sys.stderr.write("kerasfast launch: setns: %s\n" % error.strerror)
+    sys.exit(126)
+for fd in fds:
+    os.close(fd)
+command = sys.argv[2:]
+if command:
+    try:
+        os.execvp(command[0], command)
+    except OSError as error:
+        sys.stderr.write("kerasfast launch: cannot run %r: %s\n" % (command[0], error.strerror))
+        sys.exit(127 if error.errno == errno.ENOENT else 126)
+"""
+
+
+class NamespaceUnavailable(Exception):
+    """A private network namespace cannot be made here; `str()` says why."""
+
+
+class PrivateNetwork:
+    """A network namespace with only loopback, up, for a job's workers.
+
+    Held open by file descriptors (a user namespace's, then the network
+    namespace's) until `close()`; `command()` wraps a worker's command so
+    that it runs inside, and `pass_fds` must be given to its `Popen`.
+
+    Attributes:
+        kind: "user" (a user and a network namespace: unprivileged users) or
+            "net" (a network namespace only: where the launcher may, as root).
+        pass_fds: The namespace file descriptors.
+    """
+
+    def __init__(self, fds: list[int], kind: str):
+        self.pass_fds = tuple(fds)
+        self.kind = kind
+
+    @classmethod
+    def create(cls) -> "PrivateNetwork":
+        """Makes the namespace and checks that a process can join it.
+
+        Raises:
+            NamespaceUnavailable: Not Linux, namespaces refused (EPERM in
+                many containers, EINVAL, ENOSPC), or `NO_NAMESPACE_ENV` set.
+        """
+        if os.environ.get(NO_NAMESPACE_ENV, "") not in ("", "0"):
+            raise NamespaceUnavailable(f"{NO_NAMESPACE_ENV}={os.environ[NO_NAMESPACE_ENV]} is set")
+        if not sys.platform.startswith("linux"):
+            raise NamespaceUnavailable(f"network namespaces are Linux-only, this is {sys.platform}")
+        if not sys.executable:
+            raise NamespaceUnavailable("no Python executable to start the namespace with")
+        try:
+            holder = subprocess.Popen([sys.executable, "-I", "-S", "-c", _HOLDER], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        except OSError as error:
+            raise NamespaceUnavailable(f"cannot start {sys.executable}: {error.strerror}") from error
+        fds = []
+        try:
+            answer = holder.stdout.readline().strip()
+            if not answer.startswith("ready "):
+                rest = answer + holder.stdout.read()
+                reason = rest.strip().splitlines()[-1] if rest.strip() else f"exit code {holder.wait()}"
+                raise NamespaceUnavailable(reason.removeprefix("error "))
+            kind = answer.split()[1]
+            names = ("user", "net") if kind == "user" else ("net",)
+            for name in names:
+                fds.append(os.open(f"/proc/{holder.pid}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC))
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        finally:
+            holder.stdin.close()
+            try:
+                holder.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                holder.kill()
+                holder.wait()
+            holder.stdout.close()
+        namespace = cls(fds, kind)
+        try:
+            probe = subprocess.run(namespace.command([]), pass_fds=namespace.pass_fds, capture_output=True,
+                                   text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            namespace.close()
+            raise NamespaceUnavailable(f"cannot join the namespace: {error}") from error
+        if probe.returncode != 0:
+            namespace.close()
+            lines = probe.stderr.strip().splitlines() or [f"exit code {probe.returncode}"]
+            raise NamespaceUnavailable(lines[-1].removeprefix("kerasfast launch: "))
+        return namespace
+
+    def command(self, command: list[str]) -> list[str]:
+        """`command`, started so that it runs inside the namespace."""
+        fds = ",".join(str(fd) for fd in self.pass_fds)
+        return [sys.executable, "-I", "-S", "-c", _TRAMPOLINE, fds, *command]
+
+    def close(self) -> None:
+        for fd in self.pass_fds:
+            os.close(fd)
+        self.pass_fds = ()
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -245,18 +446,33 @@ class _StopSignals:
             signal.signal(signum, signal.SIG_DFL if handler is None else handler)
 
 
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def launch(command: list[str], num_workers: int, *, port: int | None = None, host: str = "127.0.0.1",
-           env: dict | None = None, out=None) -> int:
+           env: dict | None = None, out=None, host_network: bool = False) -> int:
     """Runs `command` as `num_workers` local workers and waits for them.
 
     Args:
         command: The program and its arguments, e.g. `["python", "train.py"]`.
         num_workers: Number of worker processes.
-        port: First port to use (then port+1, ...); free ports when None.
-        host: The workers' address in `TF_CONFIG`. TensorFlow 2.21 listens
-            on every interface whatever it says (see the module docstring).
+        port: First port to use (then port+1, ...); when None, free ports
+            on the host network, `NAMESPACE_FIRST_PORT`... in a namespace.
+        host: The workers' address in `TF_CONFIG`; a loopback address
+            unless `host_network`. On the host network TensorFlow 2.21
+            listens on every interface whatever it says (module docstring).
         env: Base environment (default: this process's).
         out: Where prefixed output goes (default: stdout).
+        host_network: Run the workers on the host network (they can reach
+            other machines, and be reached) instead of in a private network
+            namespace with only loopback. Also what happens, with a line
+            saying why, where no namespace can be made.
 
     Returns:
         0 when every worker succeeded; else the exit code of the first
@@ -264,38 +480,77 @@ def launch(command: list[str], num_workers: int, *, port: int | None = None, hos
         128+N when the launcher was stopped by signal N.
 
     Raises:
-        PlanError: When a requested port is in use.
+        PlanError: When a requested port is in use (host network), or the
+            ports would pass 65535.
 
     Example:
 
-    >>> launch([sys.executable, "train.py"], num_workers=2)
+    >>> launch([sys.executable, "train.py"], num_workers=2)  # prints which network the workers use
     0
     """
     if num_workers < 1:
         raise ValueError(f"num_workers={num_workers} must be >= 1.")
     if not command:
         raise ValueError("no command to launch: pass it after --, e.g. kerasfast launch -n 2 -- python train.py")
+    if not host_network and not _is_loopback(host):
+        raise ValueError(f"host={host!r}: a private network namespace has only loopback; pass a loopback "
+                         "address, or host_network=True.")
+    first = port or NAMESPACE_FIRST_PORT
+    if port and first + num_workers - 1 > 65535:
+        raise PlanError(f"--port {first} leaves no room for {num_workers} workers: ports end at 65535.")
     output = _Output(out or sys.stdout)
-    reservation = reserve_ports(num_workers, port)
-    workers = [f"{host}:{p}" for p in reservation.ports]
-    base_env = {**(os.environ if env is None else env), **reservation.worker_env(), "PYTHONUNBUFFERED": "1"}
+    namespace, why_not = None, None
+    if not host_network:
+        try:
+            namespace = PrivateNetwork.create()
+        except NamespaceUnavailable as error:
+            why_not = str(error)
+    with contextlib.ExitStack() as stack:
+        if namespace is not None:
+            stack.callback(namespace.close)
+            reservation = None
+            ports = list(range(first, first + num_workers))
+            if ports[-1] > 65535:
+                raise PlanError(f"{num_workers} workers do not fit in the ports from {first} to 65535.")
+            output.write("[kerasfast launch] workers in a private network namespace: they listen on its loopback "
+                         "only, unreachable from outside, and cannot reach other machines (--host-network to "
+                         "give them the host's network)\n")
+        else:
+            reservation = stack.enter_context(reserve_ports(num_workers, port))
+            ports = reservation.ports
+            if host_network:
+                output.write("[kerasfast launch] workers on the host network (--host-network): they listen on all "
+                             "interfaces, without authentication\n")
+            else:
+                output.write("[kerasfast launch] workers listen on all interfaces: could not create a private "
+                             f"network namespace ({why_not})\n")
+        workers = [f"{host}:{p}" for p in ports]
+        base_env = {**(os.environ if env is None else env), **(reservation.worker_env() if reservation else {}),
+                    "PYTHONUNBUFFERED": "1"}
+        code = _run(command, workers, base_env, output, reservation, namespace)
+    return code
+
+
+def _run(command, workers, base_env, output, reservation, namespace) -> int:
+    """Starts the workers (in `namespace` when given) and waits for them, as `launch` says."""
     processes = []
     pumps = []
     code = 0
     stop_with, signals_seen = signal.SIGTERM, 0
-    with reservation, _StopSignals() as signals:
+    with _StopSignals() as signals:
         try:
-            if not reservation.shared:
+            if reservation is not None and not reservation.shared:
                 reservation.release()
-            for index in range(num_workers):
+            for index in range(len(workers)):
                 if signals.received:
                     break
                 worker_env = {**base_env, "TF_CONFIG": tf_config(workers, index)}
                 # Its own session, so that the worker and whatever it starts
                 # form one process group that can be signalled as a whole.
-                process = subprocess.Popen(command, env=worker_env, stdout=subprocess.PIPE,
-                                           stderr=subprocess.STDOUT, text=True, errors="replace",
-                                           start_new_session=True)
+                process = subprocess.Popen(namespace.command(command) if namespace else command, env=worker_env,
+                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                           errors="replace", start_new_session=True,
+                                           pass_fds=namespace.pass_fds if namespace else ())
                 processes.append(process)
                 pump = threading.Thread(target=_pump, args=(process.stdout, f"[worker {index}] ", output),
                                         daemon=True)
