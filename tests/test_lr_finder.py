@@ -6,6 +6,8 @@ above the rate 2 / lambda_max(H). A sensible suggestion lies below that
 limit and not orders of magnitude under it.
 """
 
+import json
+
 import keras
 import numpy as np
 import pytest
@@ -220,3 +222,18 @@ def test_suggest_rule_on_recorded_curves():
     # A loss that only rises, or diverges at once, gives no suggestion.
     assert suggest(rates, 1.0 + rates, diverged=False)[0] is None
     assert suggest(rates[:8], falling[:8], diverged=True, num_steps=60)[0] is None
+
+
+def test_fit_with_learning_rate_find_trains_at_the_suggested_rate(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(512, 8)).astype("float32")
+    y = (x @ rng.normal(size=(8, 1))).astype("float32")
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    model.compile(loss="mse", optimizer=keras.optimizers.SGD())
+    result = kerasfast.fit(model, x, y, learning_rate="find", epochs=2, run_dir=tmp_path, verbose=0)
+    finding = json.loads((tmp_path / "lr_find.json").read_text())
+    assert result.plan.learning_rate == pytest.approx(finding["suggestion"])
+    assert result.plan.reasons["learning_rate"].startswith("found: ")
+    assert (tmp_path / "lr_find.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert result.history.history["loss"][-1] < result.history.history["loss"][0]

@@ -41,6 +41,7 @@ from kerasfast.training import optimizers
 from kerasfast.training.inputs import check_inputs_match, prepare_data, sharded_tfrecord_stream, split_validation
 from kerasfast.training.models import PreparedModel, computing_in, copy_optimizer_state, copy_weights, prepare_model
 from kerasfast.training.precision import graph_precision
+from kerasfast.training.lr_finder import find_learning_rate, plot_finding
 from kerasfast.training.xla import xla_problem
 from kerasfast.training.session import borrowed
 from kerasfast.training.backup import DEFAULT_EVERY_STEPS, Backup, training_variables
@@ -369,6 +370,19 @@ def _tuned(plan: Plan, model, train_data, start: _Start, model_facts, run_facts,
                                tuning=tuple(dataclasses.asdict(row) for row in table))
 
 
+def _found_learning_rate(model, x, y, sample_weight, *, class_weight, start: _Start, batch_size):
+    """`learning_rate="find"`: the range test's suggestion, or a refusal saying why there is none."""
+    if start.distribution.name == "multi_worker":
+        raise PlanError("learning_rate='find' runs the range test in one process: run "
+                        "kerasfast.find_learning_rate(model, x, y) on one machine first and pass the rate it suggests.")
+    finding = find_learning_rate(model, x, y, sample_weight=sample_weight, class_weight=class_weight,
+                                 batch_size=batch_size, seed=start.seed)
+    if finding.suggestion is None:
+        raise PlanError(f"learning_rate='find' found no rate to suggest: {finding.reason} Pass learning_rate= "
+                        "yourself, or run kerasfast.find_learning_rate with other min_lr/max_lr/num_steps.")
+    return finding
+
+
 def _estimated_run_seconds(plan: Plan, model_facts, run_facts) -> float | None:
     """The planned run's length from its FLOPs and the measured peak, if both are known."""
     flops, peak = model_facts.forward_flops_per_sample, run_facts.peak_flops
@@ -605,8 +619,10 @@ def fit(
         **options: kerasfast's overrides of its automatic choices
             (`kerasfast.plan.Overrides`): precision, jit_compile,
             steps_per_execution, grad_accum_steps, clipnorm, remat,
-            learning_rate, lr_schedule, warmup_steps, intra_op_threads,
-            inter_op_threads, scale_lr.
+            learning_rate (a number, or "find": a learning-rate range test
+            on the model picks it, see `kerasfast.find_learning_rate`),
+            lr_schedule, warmup_steps, intra_op_threads, inter_op_threads,
+            scale_lr.
 
     Returns:
         A `FitResult` with the Keras `History`, the plan and the throughput.
@@ -637,6 +653,9 @@ def fit(
         raise PlanError(f"tune_budget_s={tune_budget_s!r} is not valid: use a number of seconds >= 0 or None.")
     if on_error not in ("raise", "skip"):
         raise PlanError(f"on_error={on_error!r} is not valid: use 'raise' or 'skip'.")
+    find_rate = isinstance(options.get("learning_rate"), str) and options["learning_rate"] == "find"
+    if find_rate:
+        options = {**options, "learning_rate": None}  # planned once the range test has found it
     overrides = Overrides.from_options({**options, "batch_size": batch_size, "steps_per_epoch": steps_per_epoch})
     callbacks = list(callbacks or [])
     start = _start(overrides, strategy=strategy, run_dir=run_dir, backup_dir=backup_dir, backup_every=backup_every,
@@ -679,6 +698,14 @@ def fit(
             _compile_for_run(train_model, plan, loss=loss, optimizer=optimizer, metrics=metrics)
         if plan.jit_compile and plan.train_step == "kerasfast":
             plan = _checked_jit(plan, train_model, train_data.sample_inputs)
+    finding = None
+    if find_rate:
+        finding = _found_learning_rate(train_model, x, y, sample_weight, class_weight=class_weight, start=start,
+                                       batch_size=plan.global_batch_size)
+        overrides = dataclasses.replace(overrides, learning_rate=finding.suggestion)
+        plan, run_facts = _plan_run(start, overrides, model_facts, train_data, epochs=epochs, callbacks=callbacks,
+                                    prune=prune)
+        plan = dataclasses.replace(plan, reasons={**plan.reasons, "learning_rate": f"found: {finding.reason}"})
     if tune != "off" and plan.train_step == "kerasfast" and start.progress is None:
         plan = _tuned(plan, train_model, train_data, start, model_facts, run_facts, overrides, mode=tune,
                       budget_s=tune_budget_s)
@@ -690,6 +717,9 @@ def fit(
         folder = _run_folder(run_dir, distribution, cleanup)
         if folder is not None:
             write_json(folder / "plan.json", {**plan.to_dict(), "hardware": start.hardware.to_dict()})
+            if finding is not None and distribution.is_chief:
+                plot_finding(finding, folder / "lr_find.png")
+                write_json(folder / "lr_find.json", finding.summary())
         pruned_layers = None
         if plan.prune is not None:
             from kerasfast.compress import apply_pruning, pruning_for_run
