@@ -35,20 +35,20 @@ from kerasfast.distribute.consensus import check_same_plan, chief_value
 from kerasfast.distribute.failures import lost_peer_errors
 from kerasfast.errors import DataError, PlanError, RunFolderError
 from kerasfast.hardware import detect_hardware
-from kerasfast.plan import COMPUTATION_FIELDS, ModelFacts, candidate_plans, Overrides, Plan, _is_int, RunFacts, compute_dtype, keras_policy, resolve_plan
+from kerasfast.plan import (
+    COMPUTATION_FIELDS, ModelFacts, Overrides, Plan, RunFacts, _is_int, candidate_plans, compute_dtype, resolve_plan,
+)
 from kerasfast.runs import DEFAULT_ROOT, new_run_dir, save_model, write_json
 from kerasfast.training import optimizers
-from kerasfast.training.inputs import check_inputs_match, prepare_data, sharded_tfrecord_stream, split_validation
-from kerasfast.training.models import PreparedModel, computing_in, copy_optimizer_state, copy_weights, prepare_model
-from kerasfast.training.precision import graph_precision
-from kerasfast.training.lr_finder import find_learning_rate, plot_finding
-from kerasfast.training.xla import xla_problem
-from kerasfast.training.session import borrowed
 from kerasfast.training.backup import DEFAULT_EVERY_STEPS, Backup, training_variables
 from kerasfast.training.guard import ON_NAN, DivergenceGuard, check_finite
+from kerasfast.training.inputs import check_inputs_match, prepare_data, sharded_tfrecord_stream, split_validation
 from kerasfast.training.loop import run_epochs, stream_factory
+from kerasfast.training.lr_finder import find_learning_rate, plot_finding
+from kerasfast.training.models import PreparedModel, copy_optimizer_state, copy_weights, prepare_model
+from kerasfast.training.session import borrowed
 from kerasfast.training.throughput import Throughput, ThroughputMeter, input_advice, samples_counter
-
+from kerasfast.training.xla import xla_problem
 
 
 @dataclasses.dataclass
