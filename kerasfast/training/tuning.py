@@ -39,6 +39,10 @@ MIN_CANDIDATE_S = 1.5
 # keeps 8 bits of mantissa, and a few steps of training amplify rounding.
 LOSS_RTOL, LOSS_ATOL = 0.05, 0.01
 MEASURE_S = 0.4  # steady-state time measured per candidate per round
+# A candidate replaces the rule-based plan only when it measured this much
+# faster: short timings on a shared machine vary by ~15%, and a switch made
+# on noise can make training slower than the rules would have.
+WIN_MARGIN = 1.10
 FIXED_EXECUTIONS = 4  # per candidate per round when workers must agree on the count
 TUNED_FIELDS = ("precision", "jit_compile", "steps_per_execution")
 
@@ -50,8 +54,9 @@ class Measurement:
     precision: str
     jit_compile: bool
     steps_per_execution: int
-    samples_per_second: float = 0.0
+    samples_per_second: float = 0.0  # mean of the rounds' rates
     loss: float | None = None  # mean loss of the first execution (from the same state and batches)
+    rates: list = dataclasses.field(default_factory=list)
     verdict: str = ""  # "chosen", "rejected: ...", "slower", "not measured: ..."
 
     def choices(self) -> dict:
@@ -194,14 +199,20 @@ def tune_plan(model, candidates: list, strategy, batches, *, samples_per_step: i
                         lines = [line.strip() for line in str(error).splitlines() if line.strip()]
                         row.verdict = f"rejected: {type(error).__name__}: {(lines or [''])[-1][:160]}"
                         continue
-                row.samples_per_second = max(row.samples_per_second, rate)
+                row.rates.append(rate)
+                row.samples_per_second = float(np.mean(row.rates))
                 row.loss = loss if row.loss is None else row.loss
     _judge(table, reference_precision)
     best = max((i for i, row in enumerate(table) if row.verdict == "ok"), key=lambda i: table[i].samples_per_second,
                default=0)
+    if best and table[0].verdict == "ok" and \
+            table[best].samples_per_second < WIN_MARGIN * table[0].samples_per_second:
+        best = 0  # not clearly faster than the rules' plan
     for i, row in enumerate(table):
         if row.verdict == "ok":
-            row.verdict = "chosen" if i == best else "slower"
+            faster = row.samples_per_second > table[best].samples_per_second
+            row.verdict = "chosen" if i == best else (
+                f"faster by less than {WIN_MARGIN - 1:.0%}: the rules' plan is kept" if faster else "slower")
     if table[best].verdict != "chosen":
         table[best].verdict = "chosen (fallback: the rule-based plan)"
     return candidates[best], table

@@ -1,0 +1,136 @@
+"""Does `tune=` find the fastest plan? Plain Keras, the rule-based plan,
+every candidate of the tuning grid (the oracle) and `tune="auto"`, side by
+side on several models.
+
+For each model, in one run: plain `model.fit` (float32, Keras defaults);
+`kerasfast.fit(tune="off")` (the rules); each candidate plan of the grid
+forced with `tune="off"` (the best of them is the oracle); and
+`kerasfast.fit(tune="auto", tune_budget_s=BUDGET)`. Rates are steady-state
+samples/s after the first (compiling) execution; "tuning" is the extra
+seconds the tuned call took over the rules' call, as a share of plain
+Keras's whole 3-epoch `fit`.
+
+    python benchmarks/tune.py [--quick] [--budget 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import keras
+import numpy as np
+
+import kerasfast
+from kerasfast.plan import candidate_plans
+from kerasfast.quickstart import digits_convnet
+from kerasfast.recipes import load_recipe
+from kerasfast.training.throughput import ThroughputMeter, samples_counter
+
+SPARSE_CE = keras.losses.SparseCategoricalCrossentropy(from_logits=False)
+LOGITS_CE = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def models(quick: bool):
+    """(name, build, x, y, batch_size, loss) for each benchmark model."""
+    rng = np.random.default_rng(0)
+    n = 1024 if quick else 4096
+    (x_digits, y_digits), _ = kerasfast.datasets.digits(test_fraction=0.0)
+    images = rng.random((n // 2, 32, 32, 3), dtype=np.float32)
+    labels = rng.integers(0, 10, n // 2).astype("int32")
+    series = rng.normal(size=(n, 32, 16)).astype("float32")
+    series_y = (series[:, -1, 0] > 0).astype("int32")
+    table = rng.normal(size=(4 * n, 30)).astype("float32")
+    table_y = (table[:, :3].sum(axis=1) > 0).astype("int32")
+    image, tabular, text, gpt = (load_recipe(name) for name in ("image_classification", "tabular",
+                                                               "text_classification", "gpt"))
+    (x_text, y_text), _, packages = text.stdlib_chunks(128, 100 if quick else 300, 10)
+    seq_len = 64
+    (x_gpt, y_gpt), _ = gpt.corpus_arrays(gpt.corpus_files(), seq_len, max_bytes=(32 if quick else 128) * seq_len * 32)
+
+    def cnn():
+        layers = [keras.Input((32, 32, 3))]
+        for filters in (32, 64, 128):
+            layers += [keras.layers.Conv2D(filters, 3, padding="same", activation="relu"),
+                       keras.layers.Conv2D(filters, 3, padding="same", activation="relu"), keras.layers.MaxPooling2D()]
+        return keras.Sequential(layers + [keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)])
+
+    def lstm():
+        return keras.Sequential([keras.Input((32, 16)), keras.layers.LSTM(64), keras.layers.Dense(2)])
+
+    def mobilenet():
+        return keras.applications.MobileNetV3Small(input_shape=(32, 32, 3), weights=None, classes=10,
+                                                   include_preprocessing=False, classifier_activation=None)
+
+    return [
+        ("digits convnet", digits_convnet, x_digits, y_digits, 64, SPARSE_CE),
+        ("6-conv CNN 32x32x3", cnn, images, labels, 128, LOGITS_CE),
+        ("LSTM (32 steps x 16)", lstm, series, series_y, 64, LOGITS_CE),
+        ("tabular MLP (recipe)", lambda: tabular.build_mlp(table, table_y, 2), table, table_y, 256, SPARSE_CE),
+        ("MobileNetV3-Small 32x32", mobilenet, images, labels, 64, LOGITS_CE),
+        ("small ResNet (image recipe)", lambda: image.small_resnet((8, 8, 1), 10), x_digits, y_digits, 64,
+         SPARSE_CE),
+        ("text encoder (text recipe)", lambda: text.text_encoder(128, len(packages)), x_text, y_text, 64, SPARSE_CE),
+        ("GPT (gpt recipe, 64 tokens)", lambda: gpt.build_gpt(seq_len=seq_len), x_gpt.astype("int32"),
+         y_gpt.astype("int32"), 32, LOGITS_CE),
+    ]
+
+
+def plain(build, x, y, batch_size, loss, epochs):
+    keras.utils.set_random_seed(0)
+    model = build()
+    model.compile("adam", loss)
+    meter = ThroughputMeter(samples_counter(batch_size, len(x)), -(-len(x) // batch_size))
+    started = time.perf_counter()
+    model.fit(x, y, batch_size=batch_size, epochs=epochs, verbose=0, callbacks=[meter])
+    return meter.result().samples_per_second, time.perf_counter() - started
+
+
+def fast(build, x, y, batch_size, loss, epochs, **options):
+    keras.utils.set_random_seed(0)
+    started = time.perf_counter()
+    result = kerasfast.fit(build, x, y, batch_size=batch_size, epochs=epochs, loss=loss, optimizer="adam",
+                           run_dir=False, verbose=0, **options)
+    return result.throughput.samples_per_second, time.perf_counter() - started, result
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller data, 2 epochs")
+    parser.add_argument("--budget", type=float, default=20.0, help="tune_budget_s for the tuned run")
+    args = parser.parse_args(argv)
+    import os
+    import tempfile
+
+    # A fresh cache: every tuned run here measures.
+    os.environ["KERASFAST_CACHE_DIR"] = tempfile.mkdtemp(prefix="kerasfast-tune-bench-")
+    epochs = 2 if args.quick else 3
+    hardware = kerasfast.detect_hardware()
+    print("| model | plain model.fit | rules (tune=off) | oracle (best of grid) | tune=auto | auto / plain | "
+          "auto / oracle | tuning s (share of plain fit) | auto's choice |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    for name, build, x, y, batch_size, loss in models(args.quick):
+        plain_rate, plain_s = plain(build, x, y, batch_size, loss, epochs)
+        rules_rate, rules_s, rules = fast(build, x, y, batch_size, loss, epochs, tune="off")
+        grid = candidate_plans(rules.plan, hardware, _facts(rules), kerasfast.plan.RunFacts(), mode="auto")
+        oracle, oracle_plan = rules_rate, rules.plan
+        for candidate in grid[1:]:
+            rate, _, _ = fast(build, x, y, batch_size, loss, epochs, tune="off", precision=candidate.precision,
+                              jit_compile=candidate.jit_compile, steps_per_execution=candidate.steps_per_execution)
+            if rate > oracle:
+                oracle, oracle_plan = rate, candidate
+        auto_rate, auto_s, auto = fast(build, x, y, batch_size, loss, epochs, tune="auto", tune_budget_s=args.budget)
+        plan = auto.plan
+        choice = f"{plan.precision}, jit={plan.jit_compile}, spe={plan.steps_per_execution}"
+        print(f"| {name} | {plain_rate:,.0f} | {rules_rate:,.0f} | {oracle:,.0f} | {auto_rate:,.0f} | "
+              f"{auto_rate / plain_rate:.2f}x | {auto_rate / oracle:.2f}x | {auto_s - rules_s:.1f} "
+              f"({(auto_s - rules_s) / plain_s:.0%}) | {choice} |", flush=True)
+
+
+def _facts(result):
+    """The facts the grid needs: which layers XLA cannot compile (none here)."""
+    return kerasfast.plan.ModelFacts()
+
+
+if __name__ == "__main__":
+    main()
