@@ -98,6 +98,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller data, 2 epochs")
     parser.add_argument("--budget", type=float, default=20.0, help="tune_budget_s for the tuned run")
+    parser.add_argument("--only", default="", help="run only the models whose name contains this text")
     args = parser.parse_args(argv)
     import os
     import tempfile
@@ -110,6 +111,8 @@ def main(argv=None):
           "auto / oracle | tuning s (share of plain fit) | auto's choice |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for name, build, x, y, batch_size, loss in models(args.quick):
+        if args.only.lower() not in name.lower():
+            continue
         plain_rate, plain_s = plain(build, x, y, batch_size, loss, epochs)
         rules_rate, rules_s, rules = fast(build, x, y, batch_size, loss, epochs, tune="off")
         grid = candidate_plans(rules.plan, hardware, _facts(rules), kerasfast.plan.RunFacts(), mode="auto")

@@ -865,4 +865,13 @@ def candidate_plans(plan: Plan, hardware: Hardware, model: ModelFacts, run: RunF
                     continue
                 candidates.append(dataclasses.replace(plan, precision=precision, jit_compile=jit,
                                                       steps_per_execution=count))
+    # Single changes first, precisions before XLA before step counts: a
+    # budget that runs out has then tried the likeliest wins before any
+    # combination.
+    def order(candidate: Plan) -> tuple[int, int]:
+        changed = (candidate.precision != plan.precision, candidate.jit_compile != plan.jit_compile,
+                   candidate.steps_per_execution != plan.steps_per_execution)
+        return sum(changed), changed.index(True)
+
+    candidates.sort(key=order)
     return [plan] + candidates
