@@ -7,6 +7,7 @@ except where an in-process `launch()` is enough.
 """
 
 import errno
+import io
 import json
 import os
 import pathlib
@@ -273,17 +274,9 @@ def test_a_port_in_use_on_the_host_is_free_in_the_private_namespace(tmp_path):
         except OSError:
             pytest.skip(f"port {port + 1} is in use on this machine")
         next_one.listen()
-        lines = []
-
-        class Collect:
-            def write(self, text):
-                lines.append(text)
-
-            def flush(self):
-                pass
-
-        assert launch([sys.executable, "-c", script], 2, port=port, out=Collect()) == 0, "".join(lines)
-    text = "".join(lines)
+        out = io.StringIO()
+        assert launch([sys.executable, "-c", script], 2, port=port, out=out) == 0, out.getvalue()
+    text = out.getvalue()
     assert text.startswith(PRIVATE_LINE), text
     # in the namespace no port is held for the workers (nothing else can take one there)
     for index in range(2):

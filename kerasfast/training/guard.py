@@ -175,10 +175,7 @@ class DivergenceGuard(keras.callbacks.Callback):
         tracked = self._loss_tracker_state()
         loss = None
         if tracked is not None:
-            if self._tracked is None:
-                previous = (0.0, 0.0)
-            else:
-                previous = self._tracked
+            previous = self._tracked or (0.0, 0.0)
             self._tracked = tracked
             if tracked[1] > previous[1]:
                 loss = (tracked[0] - previous[0]) / (tracked[1] - previous[1])
