@@ -11,10 +11,12 @@ Example:
 >>> print(result.plan)
 """
 
-import os as _os
+# TensorFlow's start-up chatter (oneDNN notices, CUDA probing) would bury
+# kerasfast's own output: silenced before TensorFlow is first imported,
+# unless KERASFAST_VERBOSE_TF=1 (see kerasfast/_quiet.py).
+from kerasfast._quiet import quiet_tensorflow as _quiet_tensorflow
 
-# TensorFlow's C++ start-up chatter would bury kerasfast's own plan output.
-_os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+_quiet_tensorflow()
 
 __version__ = "0.1.0"
 
@@ -24,10 +26,12 @@ from kerasfast.plan import Plan, resolve_plan  # noqa: E402
 from kerasfast.threads import configure_threads  # noqa: E402
 from kerasfast.training import FitResult, OneCycle, Throughput, fit, warmup_cosine  # noqa: E402
 from kerasfast.training.lr_finder import LearningRateFinding, find_learning_rate  # noqa: E402
+from kerasfast.reporting import write_report  # noqa: E402
 from kerasfast import compress, data, datasets, distribute, export  # noqa: E402
 
 __all__ = [
     "DataError", "ExportError", "FitResult", "GPU", "Hardware", "KerasfastError", "LearningRateFinding",
     "ModelError", "OneCycle", "Plan", "PlanError", "Throughput", "compress", "configure_threads", "data", "datasets",
     "detect_hardware", "distribute", "export", "find_learning_rate", "fit", "resolve_plan", "warmup_cosine",
+    "write_report",
 ]

@@ -1,0 +1,130 @@
+"""Silences TensorFlow's start-up chatter before TensorFlow is first imported.
+
+A fresh `import kerasfast` (and so every `kerasfast` command) would
+otherwise print, before kerasfast's own output, lines such as
+
+    WARNING: All log messages before absl::InitializeLog() is called are written to STDERR
+    I0000 ... port.cc:153] oneDNN custom operations are on. ...
+    I0000 ... cudart_stub.cc:31] Could not find cuda drivers on your machine, GPU will not be used.
+    E0000 ... cuda_platform.cc:52] failed call to cuInit: ... UNKNOWN ERROR (303)
+
+Two mechanisms are needed, measured with TensorFlow 2.21:
+
+- The oneDNN and cudart lines are logged by static initialisers while the
+  shared libraries load, before TensorFlow reads `TF_CPP_MIN_LOG_LEVEL`, so
+  no environment variable hides them (TF_CPP_MIN_LOG_LEVEL=3 still shows
+  them). While `import tensorflow` runs, file descriptor 2 is sent to a
+  temporary file; afterwards the known chatter lines are dropped and
+  everything else (Python warnings, unexpected errors) is written back to
+  stderr unchanged. If the import fails, everything is written back.
+- Later lines (cuInit when the device list is first built, grappler
+  notices) obey `TF_CPP_MIN_LOG_LEVEL`: set to "2" (info and warnings
+  hidden, errors kept) where an NVIDIA driver is installed, so that real
+  GPU problems (a cuDNN version mismatch) still show, and to "3" where none
+  is, since the only error TensorFlow logs there is the failed cuInit probe.
+  A value the user already set is kept.
+
+Python-side `absl` warnings ("WARNING:absl:Compiled the loaded model, but
+the compiled metrics have yet to be built") are raised to ERROR unless the
+user already set an absl verbosity. kerasfast's own warnings (Python
+`warnings`) are untouched.
+
+`KERASFAST_VERBOSE_TF=1` turns all of this off. Nothing can be done when
+TensorFlow was imported before kerasfast: its start-up lines are printed by
+then.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tempfile
+
+VERBOSE_ENV = "KERASFAST_VERBOSE_TF"
+
+# glog/absl-formatted lines ("I0000 00:00:1796145201.747797   21032 port.cc:153] ...").
+_LOG_LINE = re.compile(r"^([IWEF])\d{4} [\d:.]+\s+\d+ ([\w.+-]+):\d+\] (.*)$")
+# Error-level lines that are start-up chatter, not problems.
+_CHATTER_ERRORS = re.compile(
+    r"failed call to cuInit|Unable to register cu(DNN|FFT|BLAS) factory|"
+    r"computation placer already registered|Could not find cuda drivers"
+)
+_CHATTER_PLAIN = (
+    "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+    "To enable the following instructions:",
+)
+
+
+def verbose_requested() -> bool:
+    return os.environ.get(VERBOSE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _nvidia_driver_present() -> bool:
+    return os.path.exists("/proc/driver/nvidia/version") or os.path.exists("/dev/nvidiactl")
+
+
+def filter_chatter(text: str) -> str:
+    """`text` without TensorFlow's start-up chatter lines (info and warning
+    log lines, and the known harmless error lines)."""
+    kept = []
+    for line in text.splitlines(keepends=True):
+        stripped = line.rstrip("\n")
+        match = _LOG_LINE.match(stripped)
+        if match:
+            severity, _, message = match.groups()
+            if severity in "IW" or (severity == "E" and _CHATTER_ERRORS.search(message)):
+                continue
+        elif stripped.startswith(_CHATTER_PLAIN):
+            continue
+        kept.append(line)
+    return "".join(kept)
+
+
+def _import_tensorflow_quietly() -> None:
+    try:
+        stderr_fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        stderr_fd = 2  # e.g. a StringIO sys.stderr in a notebook: the C++ lines still go to fd 2
+    try:
+        saved = os.dup(stderr_fd)
+    except OSError:
+        import tensorflow  # noqa: F401  (no stderr to redirect)
+
+        return
+    failed = True
+    with tempfile.TemporaryFile(mode="w+b") as capture:
+        try:
+            if sys.stderr is not None:
+                sys.stderr.flush()
+            os.dup2(capture.fileno(), stderr_fd)
+            try:
+                import tensorflow  # noqa: F401
+
+                failed = False
+            finally:
+                if sys.stderr is not None:
+                    sys.stderr.flush()
+                os.dup2(saved, stderr_fd)
+        finally:
+            os.close(saved)
+            capture.seek(0)
+            text = capture.read().decode("utf-8", errors="replace")
+            shown = text if failed else filter_chatter(text)
+            if shown:
+                os.write(stderr_fd, shown.encode("utf-8", errors="replace"))
+
+
+def quiet_tensorflow() -> None:
+    """Applies the settings above; call before TensorFlow is imported."""
+    if verbose_requested():
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2" if _nvidia_driver_present() else "3")
+    if "tensorflow" not in sys.modules:
+        _import_tensorflow_quietly()
+    try:
+        from absl import logging as absl_logging
+    except ImportError:  # pragma: no cover - absl comes with TensorFlow
+        return
+    if absl_logging.get_absl_logger().level == 0:  # NOTSET: nobody chose a verbosity
+        absl_logging.set_verbosity(absl_logging.ERROR)
