@@ -215,22 +215,25 @@ def finish(out, result, metrics: dict, *, unit: str = "samples/s", rate_scale: f
 
 
 def recipes_folder() -> pathlib.Path:
-    """The repository's `recipes/` folder, next to the `kerasfast` package.
+    """The folder holding the recipe scripts.
+
+    An installed package (`pip install .`, a wheel) carries them as
+    `kerasfast/_recipes/` (copied from recipes/ by setup.py's build step);
+    a checkout (editable install) uses its own top-level `recipes/` folder.
 
     Raises:
-        click.ClickException: When kerasfast is not installed from a checkout
-            of its repository (e.g. from a wheel), so there is no folder.
+        click.ClickException: When neither exists.
     """
     import kerasfast
 
-    folder = pathlib.Path(kerasfast.__file__).resolve().parents[1] / "recipes"
-    if not folder.is_dir():
-        raise click.ClickException(
-            f"no recipes folder at {folder}: the recipes ship with the kerasfast repository, not the package. "
-            "Clone the repository and install it with `pip install -e .`, or run a recipe as "
-            "`python recipes/NAME.py` from the checkout."
-        )
-    return folder
+    package = pathlib.Path(kerasfast.__file__).resolve().parent
+    for folder in (package / "_recipes", package.parent / "recipes"):
+        if folder.is_dir() and any(folder.glob("*.py")):
+            return folder
+    raise click.ClickException(
+        f"no recipe scripts in {package / '_recipes'} or {package.parent / 'recipes'}: this kerasfast "
+        "installation is incomplete. Reinstall it (`pip install kerasfast`, or `pip install .` from a checkout)."
+    )
 
 
 def available_recipes() -> list[str]:
@@ -264,8 +267,8 @@ def load_recipe(name: str):
 def recipe_command(name, flags):
     """Run recipe NAME end to end (FLAGS go to the recipe; NAME --help lists them).
 
-    The recipes live in the repository's recipes/ folder: image_classification,
-    gpt, text_classification and tabular.
+    The recipes are the repository's recipes/ scripts (shipped inside the
+    package too): image_classification, gpt, text_classification and tabular.
 
     Example: kerasfast recipe tabular --smoke --out runs/tabular
     """
