@@ -26,10 +26,12 @@ from kerasfast.plan import Plan, resolve_plan  # noqa: E402
 from kerasfast.threads import configure_threads  # noqa: E402
 from kerasfast.training import FitResult, OneCycle, Throughput, fit, warmup_cosine  # noqa: E402
 from kerasfast.training.lr_finder import LearningRateFinding, find_learning_rate  # noqa: E402
+from kerasfast.reporting import write_report  # noqa: E402
 from kerasfast import compress, data, datasets, distribute, export  # noqa: E402
 
 __all__ = [
     "DataError", "ExportError", "FitResult", "GPU", "Hardware", "KerasfastError", "LearningRateFinding",
     "ModelError", "OneCycle", "Plan", "PlanError", "Throughput", "compress", "configure_threads", "data", "datasets",
     "detect_hardware", "distribute", "export", "find_learning_rate", "fit", "resolve_plan", "warmup_cosine",
+    "write_report",
 ]

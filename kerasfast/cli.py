@@ -6,6 +6,7 @@
     kerasfast convert SRC OUT       write TFRecord shards + schema
     kerasfast export MODEL OUT      SavedModel / TFLite, verified in LiteRT
     kerasfast recipe NAME [flags]   run an end-to-end recipe from recipes/
+    kerasfast report RUN_DIR        (re)write a run folder's report.html
 """
 
 from __future__ import annotations
@@ -94,6 +95,29 @@ def quickstart(out_dir, epochs, batch_size, precision):
     click.echo(f"test accuracy {metrics['test_accuracy']:.4f} pruned to {metrics['sparsity']:.0%} "
                f"(dense {metrics['dense_test_accuracy']:.4f}); "
                f"{metrics['samples_per_second']:,.0f} samples/s ({metrics['precision']}); run folder: {out_dir}")
+    if metrics.get("report"):
+        click.echo(f"report: {metrics['report']}")
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(file_okay=False))
+def report(run_dir):
+    """Write RUN_DIR/report.html (plots embedded) and its PNGs from the run's files.
+
+    RUN_DIR is the run_dir of a kerasfast.fit run (plan.json, history.json,
+    result.json), an export folder (report.json), or a folder holding them
+    (the quickstart's or a recipe's). Prints the report's path.
+
+    Example: kerasfast report kerasfast_runs/20261129-210300-3f2a
+    """
+    from kerasfast.errors import KerasfastError
+    from kerasfast.reporting import write_report
+
+    try:
+        path = write_report(run_dir)
+    except KerasfastError as error:
+        raise click.ClickException(str(error)) from error
+    click.echo(str(path))
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})

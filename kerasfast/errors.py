@@ -39,3 +39,8 @@ class RunFolderError(KerasfastError, OSError):
 class TrainingError(KerasfastError, RuntimeError):
     """Training that went wrong while running (e.g. a loss that diverged
     more often than it may be recovered); the model holds the last good state."""
+
+
+class ReportError(KerasfastError, ValueError):
+    """A run report that cannot be made: a folder without the files it is
+    made from (the message names the missing file and how to get it)."""

@@ -4,8 +4,9 @@
 prunes the trained model to 80% sparsity while fine-tuning, exports it
 (float32 and full-integer int8 TFLite, each checked in LiteRT) and prints
 the plan, the accuracy, samples/s and the export report. The run folder
-holds `train/` and `prune/` (plan, history, model) and `export/` (artifacts
-and report).
+holds `train/` and `prune/` (plan, history, model, each with its own
+`report.html`), `export/` (artifacts and report) and `report.html`, one page
+with all three (see `kerasfast.write_report`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import keras
 
 from kerasfast import datasets
 from kerasfast.export import export_model
+from kerasfast.reporting import report_or_warning
 from kerasfast.runs import write_json
 from kerasfast.training import fit
 
@@ -64,7 +66,9 @@ def run_quickstart(out_dir: str | pathlib.Path = "kerasfast_quickstart", *, epoc
     Returns:
         The metrics written to `metrics.json` (test accuracy of the pruned
         model and of the dense one, samples/s, the export report rows), plus
-        `export_table` (Markdown) and `pruning_table` (per-layer rows).
+        `export_table` (Markdown), `pruning_table` (per-layer rows) and
+        `report` (the path of `out_dir/report.html`, None if it could not
+        be written).
     """
     out_dir = pathlib.Path(out_dir)
     (x_train, y_train), (x_test, y_test) = datasets.digits()
@@ -92,6 +96,8 @@ def run_quickstart(out_dir: str | pathlib.Path = "kerasfast_quickstart", *, epoc
         "run_dir": str(out_dir),
     }
     write_json(out_dir / "metrics.json", metrics)
+    # One page for train/, prune/ and export/; a report that fails only warns.
+    metrics["report"] = report_or_warning(out_dir)
     metrics["export_table"] = exported.table()
     metrics["pruning_table"] = pruned.pruning
     return metrics

@@ -3,8 +3,8 @@
 A recipe is a short script that reads top to bottom like a keras-io
 example. The parts that would otherwise be copied into each of them live
 here: the common command-line flags, turning them into `kerasfast.fit`
-options, and finishing a run folder (metrics JSON and PNG plots of the
-loss/metric curves and throughput).
+options, and finishing a run folder (metrics JSON, PNG plots of the
+loss/metric curves and throughput, and the run report `report.html`).
 
 Example (inside a recipe):
 
@@ -182,7 +182,10 @@ def plot_throughput(rates: dict[str, float], path: pathlib.Path, unit: str) -> p
 
 def finish(out, result, metrics: dict, *, unit: str = "samples/s", rate_scale: float = 1.0,
            rates: dict[str, float] | None = None) -> dict:
-    """Writes `metrics.json`, `curves.png` and `throughput.png` into the run folder.
+    """Writes `metrics.json`, `curves.png`, `throughput.png` and `report.html` into the run folder.
+
+    `report.html` (`kerasfast.write_report`) is one page for the recipe's
+    `train/`, `prune/` and `export/` folders; its path is printed.
 
     Args:
         out: The run folder.
@@ -211,6 +214,11 @@ def finish(out, result, metrics: dict, *, unit: str = "samples/s", rate_scale: f
     plot_history(result.history.history, out / "curves.png", title=out.name)
     if rate:
         plot_throughput({"train": rate * rate_scale, **(rates or {})}, out / "throughput.png", unit)
+    from kerasfast.reporting import report_or_warning
+
+    report = report_or_warning(out)  # a report that fails only warns: the run's figures stand
+    if report is not None:
+        print(f"report: {report}")
     return metrics
 
 

@@ -108,5 +108,6 @@ def test_two_worker_run_under_kerasfast_launch(tmp_path):
     # temporary corpus and run folder are gone.
     assert "[worker 0] run folder:" in log and "[worker 1] run folder:" not in log
     assert "[worker 1] corpus:" not in log
-    assert sorted(p.name for p in out.iterdir()) == ["curves.png", "data", "metrics.json", "throughput.png", "train"]
+    assert sorted(p.name for p in out.iterdir()) == ["curves.png", "data", "metrics.json", "report.html",
+                                                    "throughput.png", "train"]
     assert not [p.name for p in scratch.iterdir() if p.name.startswith("kerasfast-")]

@@ -29,7 +29,7 @@ def run_recipe(name, *flags):
 
 
 def assert_run_folder(out: pathlib.Path, stages=("train",)):
-    """The files every recipe run leaves: plan, history, metrics and two valid PNG plots."""
+    """The files every recipe run leaves: plan, history, metrics, two valid PNG plots and the report."""
     import matplotlib.image
 
     for stage in stages:
@@ -40,6 +40,8 @@ def assert_run_folder(out: pathlib.Path, stages=("train",)):
         path = out / plot
         assert path.read_bytes()[:8] == PNG_SIGNATURE, plot
         assert matplotlib.image.imread(path).shape[0] > 100, plot  # decodes to a real image
+    report = (out / "report.html").read_text()  # one page for the stages, plots embedded
+    assert report.count("data:image/png;base64,") >= 2 * len(stages)
     return json.loads((out / "metrics.json").read_text())
 
 

@@ -75,6 +75,11 @@ class FitResult:
             during the run, and what to do about it.
         recoveries: Each divergence the run recovered from (`on_nan`):
             `{"epoch", "step", "problem"}`.
+        timeline: Throughput over the run (`ThroughputMeter.timeline()`:
+            cumulative steps, samples, seconds and input wait), as saved in
+            `timeline.json` and plotted in the run report.
+        report: The run folder's `report.html`, or None (no run folder, or
+            writing it failed: a warning then says why).
     """
 
     history: keras.callbacks.History
@@ -88,6 +93,8 @@ class FitResult:
     pruning: list | None = None
     input_report: str = ""
     recoveries: list = dataclasses.field(default_factory=list)
+    timeline: dict | None = None
+    report: pathlib.Path | None = None
 
     def summary(self) -> dict:
         """The result as JSON-ready data (what `result.json` holds)."""
@@ -547,6 +554,7 @@ def fit(
     tune="auto",
     tune_budget_s=None,
     save_model_file: bool = True,
+    tensorboard: bool = False,
     data=None,
     **options,
 ) -> FitResult:
@@ -615,6 +623,9 @@ def fit(
             keeps the rule-based plan.
         tune_budget_s: Seconds tuning may take (overrides the 10% rule).
         save_model_file: Save the trained model as `model.keras` in the run folder.
+        tensorboard: Write TensorBoard logs into `run_dir/tensorboard` with
+            Keras's `keras.callbacks.TensorBoard`: per-epoch scalars and a
+            profile of a few steady-state executions. Needs a run folder.
         data: The training data by its older name (same as `x`).
         **options: kerasfast's overrides of its automatic choices
             (`kerasfast.plan.Overrides`): precision, jit_compile,
@@ -653,6 +664,15 @@ def fit(
         raise PlanError(f"tune_budget_s={tune_budget_s!r} is not valid: use a number of seconds >= 0 or None.")
     if on_error not in ("raise", "skip"):
         raise PlanError(f"on_error={on_error!r} is not valid: use 'raise' or 'skip'.")
+    if not isinstance(tensorboard, bool):
+        raise PlanError(f"tensorboard={tensorboard!r} is not valid: use True or False.")
+    if tensorboard and run_dir is False:
+        raise PlanError("tensorboard=True writes its logs into the run folder, but run_dir=False writes none: pass "
+                        "run_dir= (a folder, or None for a new one under kerasfast_runs/), or drop tensorboard=True.")
+    if tensorboard:
+        from kerasfast.training.tensorboard import check_available
+
+        check_available()
     find_rate = isinstance(options.get("learning_rate"), str) and options["learning_rate"] == "find"
     if find_rate:
         options = {**options, "learning_rate": None}  # planned once the range test has found it
@@ -744,6 +764,10 @@ def fit(
                                    plan.steps_per_epoch, first_step=progress.step if progress else 0,
                                    input_wait_seconds=input_wait)
 
+        if tensorboard and folder is not None and distribution.is_chief:
+            from kerasfast.training.tensorboard import tensorboard_callback
+
+            callbacks = callbacks + [tensorboard_callback(folder, plan)]
         with _damage_named(x, validation_data):
             history, meter, guard = _train(
                 train_model, plan, start, train_data, stream_from, epochs=epochs, initial_epoch=initial_epoch,
@@ -823,6 +847,7 @@ def _finish(prepared, plan, start, train_data, history, meter, folder, pruned_la
         history=history, plan=plan, throughput=throughput, model=prepared.user_model, train_model=train_model,
         run_dir=folder, data=train_data.description, model_preparation=prepared.how, pruning=pruning_summary,
         input_report=input_advice(throughput.input_wait_fraction, train_data.source), recoveries=recoveries,
+        timeline=meter.timeline(),
     )
     if folder is not None:
         broken = _non_finite_layers(train_model) if save_model_file else []
@@ -830,6 +855,10 @@ def _finish(prepared, plan, start, train_data, history, meter, folder, pruned_la
             print(f"kerasfast: not saving model.keras: the weights of {', '.join(broken[:5])} are NaN or infinite "
                   "(on_nan='ignore' trained on a diverged loss).")
         _write_run_files(folder, result, train_model if save_model_file and not broken else None, start.backup)
+        if distribution.is_chief:
+            from kerasfast.reporting import report_or_warning
+
+            result.report = report_or_warning(folder)  # a report that fails never loses the run
         if not distribution.is_chief:
             result.run_dir = None
     if start.backup is not None:
@@ -842,6 +871,8 @@ def _finish(prepared, plan, start, train_data, history, meter, folder, pruned_la
                   f"({throughput.first_execution_s:.1f} s incl. compilation)")
         else:
             print("kerasfast: run too short to measure throughput (only the first, compiling execution ran)")
+        if result.report is not None:
+            print(f"kerasfast: report: {result.report}")
     return result
 
 
@@ -887,6 +918,8 @@ def _write_run_files(folder, result: FitResult, model, backup) -> None:
     try:
         write_json(folder / "history.json", result.history.history)
         write_json(folder / "result.json", result.summary())
+        if result.timeline is not None:
+            write_json(folder / "timeline.json", result.timeline)
         if result.pruning is not None:
             write_json(folder / "pruning.json", result.pruning)
         if model is not None:

@@ -5,6 +5,14 @@ first execution of a run includes tracing and compilation, so it is reported
 apart (`first_execution_s`) and left out of the steady-state rates.
 Validation time is excluded: the clock stops at the last training batch of
 each epoch.
+
+The meter also keeps a timeline (`ThroughputMeter.timeline()`): cumulative
+steps, samples, seconds and input wait at the end of executions, from which
+the run report plots samples/s and the input-wait fraction over the run.
+Recording one point costs a few Python operations and one read of the
+input-wait counter; the timeline holds at most `2 * TIMELINE_POINTS` points
+(past that, every other point is dropped and points are taken half as often),
+so its cost stays negligible however long the run.
 """
 
 from __future__ import annotations
@@ -13,6 +21,9 @@ import dataclasses
 import time
 
 import keras
+
+# The timeline keeps between TIMELINE_POINTS and twice as many points.
+TIMELINE_POINTS = 1000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +72,8 @@ class ThroughputMeter(keras.callbacks.Callback):
     >>> meter = ThroughputMeter(lambda a, b: (b - a + 1) * 32)
     >>> model.fit(x, y, batch_size=32, callbacks=[meter])
     >>> meter.result().samples_per_second
+    >>> meter.timeline()["step"][:3]  # steps done at the first executions' ends
+    [1, 2, 3]
     """
 
     def __init__(self, samples_in_steps, steps_per_epoch: int | None = None, first_step: int = 0,
@@ -79,11 +92,19 @@ class ThroughputMeter(keras.callbacks.Callback):
         self._seconds = 0.0
         self._last_end = None
         self._last_step = -1
+        self._epoch = 0
+        self._executions = 0  # steady-state executions since the first
+        self._stride = 1  # a timeline point every this many executions
+        self._points = []  # (epoch, steps done, seconds, samples, input wait seconds)
+        self._recorded_last = True
+        self._steps_done = 0
+        self._counted = 0
 
     def on_epoch_begin(self, epoch, logs=None):
         if self._last_step >= 0:  # a later epoch: only the first one is resumed mid-way
             self._offset = 0
         self._epoch_start = epoch * self._steps_per_epoch + self._offset if self._steps_per_epoch else 0
+        self._epoch = epoch
         self._last_end = None
         self._last_step = -1
 
@@ -97,20 +118,41 @@ class ThroughputMeter(keras.callbacks.Callback):
         if self._steps_per_epoch:
             # Keras numbers an epoch's last, shorter execution as a whole one.
             last = min(last, self._steps_per_epoch - self._offset - 1)
+        self._counted += last - first + 1
+        # Steps done since the start of training (counted here when epochs have no set length).
+        self._steps_done = self._epoch_start + last + 1 if self._steps_per_epoch else self._counted
         if self._first_execution_s is None:
             self._first_execution_s = now - self._last_end
             if self._input_wait_seconds is not None:
                 self._wait_start = self._input_wait_seconds()
+            # The timeline's origin: where the steady-state window starts.
+            self._points.append((self._epoch, self._steps_done, 0.0, 0, self._wait_start))
         else:
             self._steps += last - first + 1
             self._samples += self._samples_in_steps(self._epoch_start + first, self._epoch_start + last)
             self._seconds += now - self._last_end
+            self._executions += 1
+            self._recorded_last = self._executions % self._stride == 0
+            if self._recorded_last:
+                self._record(self._steps_done)
         self._last_end = now
         self._last_step = batch
+
+    def _record(self, steps_done: int) -> None:
+        wait = self._input_wait_seconds() if self._input_wait_seconds is not None else None
+        self._points.append((self._epoch, steps_done, self._seconds, self._samples, wait))
+        if len(self._points) > 2 * TIMELINE_POINTS:
+            # Keep the origin and the points at multiples of twice the stride.
+            self._points = self._points[:1] + self._points[2::2]
+            self._stride *= 2
 
     def on_train_end(self, logs=None):
         if self._input_wait_seconds is not None and self._wait_start is not None:
             self._wait_end = self._input_wait_seconds()
+        if not self._recorded_last and self._points:
+            # The last executions since the latest point (a fit call's end).
+            self._record(self._steps_done)
+            self._recorded_last = True
 
     def result(self) -> Throughput:
         if self._steps == 0 or self._seconds <= 0:
@@ -126,6 +168,23 @@ class ThroughputMeter(keras.callbacks.Callback):
             measured_seconds=self._seconds,
             input_wait_fraction=wait,
         )
+
+    def timeline(self) -> dict:
+        """The run's throughput over time, as JSON-ready lists of equal length.
+
+        Returns:
+            `{"epoch", "step", "seconds", "samples", "input_wait_seconds"}`:
+            at the end of the first execution (the origin: seconds and samples 0)
+            and of later executions, the epoch, the steps done since the
+            start of training, and the cumulative steady-state seconds,
+            samples and seconds spent waiting for input (None when not
+            measured). Samples/s between two points is the difference of
+            `samples` over that of `seconds`. Empty lists when the run had
+            only its first execution.
+        """
+        points = self._points if len(self._points) > 1 else []
+        names = ("epoch", "step", "seconds", "samples", "input_wait_seconds")
+        return {name: [point[index] for point in points] for index, name in enumerate(names)}
 
 
 # Below this share of step time spent waiting for input, the input pipeline
