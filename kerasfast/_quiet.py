@@ -36,6 +36,7 @@ then.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -81,16 +82,27 @@ def filter_chatter(text: str) -> str:
     return "".join(kept)
 
 
-def _import_tensorflow_quietly() -> None:
+@contextlib.contextmanager
+def filtered_stderr():
+    """Sends file descriptor 2 to a temporary file for the block, then writes
+    back what it caught without TensorFlow's chatter (everything, if the
+    block raised). A no-op with KERASFAST_VERBOSE_TF=1.
+
+    Also used around conversions that start TensorFlow's graph optimiser,
+    whose "Number of eligible GPUs" / "Starting new session" lines ignore
+    TF_CPP_MIN_LOG_LEVEL.
+    """
+    if verbose_requested():
+        yield
+        return
     try:
         stderr_fd = sys.stderr.fileno()
     except (AttributeError, OSError, ValueError):
         stderr_fd = 2  # e.g. a StringIO sys.stderr in a notebook: the C++ lines still go to fd 2
     try:
         saved = os.dup(stderr_fd)
-    except OSError:
-        import tensorflow  # noqa: F401  (no stderr to redirect)
-
+    except OSError:  # no stderr to redirect
+        yield
         return
     failed = True
     with tempfile.TemporaryFile(mode="w+b") as capture:
@@ -99,8 +111,7 @@ def _import_tensorflow_quietly() -> None:
                 sys.stderr.flush()
             os.dup2(capture.fileno(), stderr_fd)
             try:
-                import tensorflow  # noqa: F401
-
+                yield
                 failed = False
             finally:
                 if sys.stderr is not None:
@@ -121,7 +132,8 @@ def quiet_tensorflow() -> None:
         return
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2" if _nvidia_driver_present() else "3")
     if "tensorflow" not in sys.modules:
-        _import_tensorflow_quietly()
+        with filtered_stderr():
+            import tensorflow  # noqa: F401
     try:
         from absl import logging as absl_logging
     except ImportError:  # pragma: no cover - absl comes with TensorFlow

@@ -43,13 +43,14 @@ def _load_eval(path: str):
     "--formats",
     "formats",
     default=None,
-    help=f"Comma-separated formats (default: all but saved_model_int8; tflite_int8 needs --representative). "
+    help=f"Comma-separated formats (default: all but saved_model_int8, onnx and onnx_int8; tflite_int8 needs "
+    f"--representative, onnx_int8 is calibrated with it and dynamic int8 without). "
     f"Known: {', '.join(FORMATS)}.",
 )
 @click.option(
     "--representative",
     type=click.Path(exists=True, dir_okay=False),
-    help="Calibration inputs for tflite_int8: DATA.npy, or DATA.npz with array 'x'.",
+    help="Calibration inputs for tflite_int8 and onnx_int8: DATA.npy, or DATA.npz with array 'x'.",
 )
 @click.option("--eval", "eval_path", type=click.Path(exists=True, dir_okay=False), help="DATA.npz with 'x' and 'y' for accuracy/loss.")
 @click.option("--int8-io", is_flag=True, help="tflite_int8 with int8 input/output tensors.")
@@ -63,7 +64,9 @@ def _load_eval(path: str):
 def export_command(model_path, out_dir, formats, representative, eval_path, int8_io, allow_flex_ops, overwrite):
     """Export MODEL.keras to OUT_DIR in serving and edge formats, each verified.
 
-    Every .tflite file is run in LiteRT and compared with the Keras model;
+    Every .tflite file is run in LiteRT, every .onnx file (formats onnx,
+    onnx_int8; pip install 'kerasfast[onnx]') in ONNX Runtime, and compared
+    with the Keras model;
     report.json and report.md in OUT_DIR list size, gzipped size, accuracy,
     output difference and latency per artifact. Export writes only its own
     files (listed in OUT_DIR/kerasfast-export.json), each renamed into

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from kerasfast.compress.pruning import overall_sparsity
 from kerasfast.errors import ExportError
-from kerasfast.export import preflight
+from kerasfast.export import onnx_export, preflight
 from kerasfast.export.atomic import REPORT_NAMES, check_destination, check_writable_destination, staged_export
 from kerasfast.export.evaluation import classification_accuracy, loss_value, model_loss_fn
 from kerasfast.export.formats import FORMATS
@@ -33,6 +33,8 @@ _TOLERANCE = {
     "tflite_dynamic_int8": 0.5,
     "tflite_int8": 0.5,
     "saved_model_int8": 0.5,
+    "onnx": 1e-4,
+    "onnx_int8": 0.5,
 }
 
 
@@ -96,11 +98,14 @@ def export_model(
             kerasfast export (replaced on success).
         formats: names from `kerasfast.export.FORMATS`: "keras",
             "saved_model", "saved_model_int8", "tflite_float32",
-            "tflite_dynamic_int8", "tflite_int8", "tflite_float16". Default:
-            all but "saved_model_int8", with "tflite_int8" only when
-            `representative_data` is given.
+            "tflite_dynamic_int8", "tflite_int8", "tflite_float16", "onnx",
+            "onnx_int8" (these two need `pip install 'kerasfast[onnx]'`).
+            Default: all but "saved_model_int8" and the ONNX ones, with
+            "tflite_int8" only when `representative_data` is given.
         representative_data: inputs for int8 calibration (a few hundred
             training samples): array, `(x, y)` tuple or `tf.data.Dataset`.
+            "onnx_int8" is static (calibrated) int8 with them, dynamic
+            (int8 weights only) without.
         eval_data: `(x, y)` or a dataset of `(x, y)` batches: accuracy and
             loss per artifact, computed from each artifact's own outputs.
         int8_input_output: for "tflite_int8", int8 input and output tensors
@@ -110,7 +115,8 @@ def export_model(
             does not bundle, so they are kept but reported as not verified.
         num_calibration_samples: at most this many representative samples.
         num_comparison_samples: inputs used to compare with Keras outputs.
-        measure_latency: time each .tflite file in LiteRT.
+        measure_latency: time each .tflite file in LiteRT and each .onnx
+            file in ONNX Runtime (batch 1, one thread).
         overwrite: also export into an `out_dir` holding files kerasfast did
             not write (they are left alone). Without it such a folder is
             refused. A foreign file at a name the export writes (e.g. the
@@ -134,6 +140,8 @@ def export_model(
     # -- refuse bad input before writing anything -------------------------
     destination = check_writable_destination(out_dir)
     chosen = preflight.resolve_formats(formats, representative_data is not None)
+    if any(FORMATS[f].is_onnx for f in chosen):
+        onnx_export.check_available()
     written_names = [FORMATS[f].filename for f in chosen] + list(REPORT_NAMES)
     # Before the slow checks: a folder of user files is refused in a second.
     check_destination(destination, written_names, overwrite=overwrite)
@@ -149,10 +157,11 @@ def export_model(
 
     comparison = _comparison_inputs(signature, calibration, evaluation, num_comparison_samples)
     keras_reference = np.asarray(model.predict(comparison, verbose=0, batch_size=64), dtype=np.float32)
-    # TFLite cannot take bfloat16 graphs: convert from a float32 copy, and
-    # compare TFLite outputs with that copy (the model actually converted).
+    # TFLite cannot take bfloat16 graphs, and Keras's ONNX export needs a
+    # float32 model: convert from a float32 copy, and compare TFLite and ONNX
+    # outputs with that copy (the model actually converted).
     tflite_source, tflite_note = model, ""
-    if any(FORMATS[f].is_tflite for f in chosen) and is_mixed_precision(model):
+    if any(FORMATS[f].is_tflite or FORMATS[f].is_onnx for f in chosen) and is_mixed_precision(model):
         tflite_source = float32_copy(model)
         tflite_note = f"converted from a float32 copy of the {model.dtype_policy.name} model"
     tflite_reference = (
@@ -163,6 +172,7 @@ def export_model(
     loss_fn = model_loss_fn(model)
 
     rows = []
+    onnx_float = None  # the float .onnx file, once written (onnx_int8 quantises it)
     with staged_export(destination, written_names, overwrite=overwrite) as staging:
         scratch = staging / ".scratch"
         if "saved_model" in chosen:
@@ -192,6 +202,23 @@ def export_model(
                 runner = None
                 if left_in_float:
                     notes = f"left in float by Keras int8: {', '.join(left_in_float)}"
+            elif spec.is_onnx:
+                if onnx_float is None:
+                    onnx_float = target if name == "onnx" else scratch / "model_for_int8.onnx"
+                    onnx_float.parent.mkdir(parents=True, exist_ok=True)
+                    onnx_export.export_onnx(
+                        tflite_source, onnx_float,
+                        known_layer_names=[l.name for l in model._flatten_layers(include_self=False)],
+                    )
+                if name == "onnx":
+                    if onnx_float != target:
+                        shutil.copyfile(onnx_float, target)
+                    notes = tflite_note
+                else:
+                    how = onnx_export.quantize_int8(onnx_float, target, calibration)
+                    notes = "; ".join(n for n in (tflite_note, how) if n)
+                runner = onnx_export.OnnxModel(target)
+                predict = runner.predict
             else:
                 content = convert_saved_model(
                     str(graph_dir),
@@ -219,7 +246,7 @@ def export_model(
                     n for n in (tflite_note, "int8 input/output" if name == "tflite_int8" and int8_input_output else "")
                     if n
                 )
-            reference = tflite_reference if spec.is_tflite else keras_reference
+            reference = tflite_reference if spec.is_tflite or spec.is_onnx else keras_reference
             row = _measure(name, spec.filename, target, predict, comparison, reference, evaluation, loss_fn)
             row.sparsity = sparsity
             row.notes = "; ".join(n for n in (row.notes, notes) if n)
@@ -236,7 +263,8 @@ def export_model(
                 "eval_samples": 0 if evaluation is None else len(evaluation[0]),
                 "comparison_samples": len(comparison),
                 "calibration_samples": 0 if calibration is None else len(calibration),
-                "latency": "median ms per sample, batch 1, 1 thread, ai_edge_litert",
+                "latency": "median ms per sample, batch 1, 1 thread: ai_edge_litert for .tflite, "
+                "onnxruntime (CPU) for .onnx",
             },
         )
     return ExportResult(out_dir=destination, rows=rows)

@@ -13,6 +13,7 @@ class ExportFormat:
     filename: str
     description: str
     is_tflite: bool = False
+    is_onnx: bool = False
     needs_representative_data: bool = False
 
 
@@ -41,6 +42,19 @@ FORMATS: dict[str, ExportFormat] = {
             needs_representative_data=True,
         ),
         ExportFormat("tflite_float16", "model_float16.tflite", "TFLite, float16 weights", is_tflite=True),
+        ExportFormat(
+            "onnx",
+            "model.onnx",
+            "ONNX (Keras model.export(format='onnx'), tf2onnx), float32, run in ONNX Runtime",
+            is_onnx=True,
+        ),
+        ExportFormat(
+            "onnx_int8",
+            "model_int8.onnx",
+            "ONNX int8 by onnxruntime.quantization: static QDQ calibrated on representative data, "
+            "else dynamic (int8 weights)",
+            is_onnx=True,
+        ),
     ]
 }
 

@@ -28,8 +28,9 @@ class ArtifactReport:
         loss: the model's compiled loss on eval_data, from the artifact's
             outputs; None when unknown.
         max_abs_diff: largest |artifact output - Keras output| on sample inputs.
-        latency_ms: median LiteRT milliseconds per sample (batch 1, 1 thread);
-            None for non-TFLite formats.
+        latency_ms: median milliseconds per sample (batch 1, 1 thread) in
+            LiteRT for .tflite files, in ONNX Runtime (CPU) for .onnx files;
+            None for the other formats.
         verified: the artifact loaded back and its outputs are within the
             format's tolerance of the Keras model's.
         notes: anything the reader should know (e.g. layers left in float).
@@ -71,7 +72,7 @@ def markdown_table(rows: list[ArtifactReport]) -> str:
     """Markdown table of the rows."""
     lines = [
         "| format | file | size (KB) | gzipped (KB) | sparsity | accuracy | loss | max diff vs Keras | "
-        "LiteRT ms/sample | verified | notes |",
+        "ms/sample (LiteRT, ORT) | verified | notes |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in rows:
@@ -90,6 +91,7 @@ def write_report(folder: Path, rows: list[ArtifactReport], context: dict) -> Non
     (folder / "report.json").write_text(json.dumps(payload, indent=2) + os.linesep)
     header = [f"# Export report", "", f"Model: `{context.get('model_name', '')}`  "]
     if context.get("eval_samples"):
-        header.append(f"Accuracy/loss on {context['eval_samples']} eval samples; TFLite evaluated in LiteRT.  ")
+        header.append(f"Accuracy/loss on {context['eval_samples']} eval samples; TFLite evaluated in LiteRT, "
+                      "ONNX in ONNX Runtime.  ")
     header.append(f"Max diff vs Keras on {context.get('comparison_samples', 0)} sample inputs.")
     (folder / "report.md").write_text("\n".join(header + ["", markdown_table(rows), ""]))

@@ -1,0 +1,259 @@
+"""ONNX artifacts: Keras's own `model.export(format="onnx")`, run in ONNX Runtime.
+
+- "onnx": `model.export(path, format="onnx")`, which with the TensorFlow
+  backend traces the model's `call` and converts it with tf2onnx (opset
+  chosen by tf2onnx, dynamic batch dimension). kerasfast checks the result
+  before ONNX Runtime sees it: tf2onnx does not fail on a TensorFlow op it
+  has no ONNX mapping for, it logs an error and writes the TensorFlow op
+  into the graph, giving a file no runtime can load. Such ops are named,
+  with the layer they come from, in an `ExportError`.
+- "onnx_int8": the "onnx" file quantised by `onnxruntime.quantization`:
+  static QDQ quantisation (int8 weights per channel, int8 activations)
+  calibrated on the representative data when the export has some, else
+  dynamic quantisation (int8 weights, activations quantised at run time).
+  The report's notes say which.
+
+`OnnxModel` runs a file in ONNX Runtime on the CPU with one thread (so its
+latency compares with LiteRT's, also measured with one thread).
+
+Needs the `onnx` extra: `pip install 'kerasfast[onnx]'` (tf2onnx, onnx,
+onnxruntime).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from kerasfast._quiet import filtered_stderr
+from kerasfast.errors import ExportError
+
+_INSTALL_HINT = "pip install 'kerasfast[onnx]' (tf2onnx, onnx and onnxruntime)"
+
+
+def check_available() -> None:
+    """Raises ExportError, before anything is written, when the ONNX packages are missing."""
+    missing = []
+    for module in ("tf2onnx", "onnx", "onnxruntime"):
+        try:
+            __import__(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        raise ExportError(f"ONNX export needs {', '.join(missing)}: {_INSTALL_HINT}.")
+
+
+def _layer_name(node_name: str, known_layer_names) -> str | None:
+    # e.g. "sequential_1_1/erfinv_layer_1/erfinv/Erfinv" -> "erfinv_layer"
+    # (tracing suffixes name scopes with _1, _2, ...).
+    known = set(known_layer_names)
+    for scope in node_name.split("/")[1:-1]:
+        candidate = scope
+        while candidate not in known and re.search(r"_\d+$", candidate):
+            candidate = re.sub(r"_\d+$", "", candidate)
+        if candidate in known:
+            return candidate
+    return None
+
+
+def unsupported_ops(model_proto, known_layer_names=()) -> tuple[list[str], list[str]]:
+    """(op types, layer names) of nodes of the standard ONNX domain that ONNX
+    does not define at the model's opset: TensorFlow ops tf2onnx could not map."""
+    import onnx
+
+    opset = next((o.version for o in model_proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    ops, layers = set(), set()
+    graphs = [model_proto.graph]
+    while graphs:  # subgraphs of Loop/If/Scan too
+        graph = graphs.pop()
+        for node in graph.node:
+            for attribute in node.attribute:
+                if attribute.type == onnx.AttributeProto.GRAPH:
+                    graphs.append(attribute.g)
+                elif attribute.type == onnx.AttributeProto.GRAPHS:
+                    graphs.extend(attribute.graphs)
+            if node.domain not in ("", "ai.onnx"):
+                continue  # contrib domains (com.microsoft): ONNX Runtime decides below
+            known = (
+                onnx.defs.has(node.op_type, opset, node.domain) if opset is not None
+                else onnx.defs.has(node.op_type, node.domain)
+            )
+            if not known:
+                ops.add(node.op_type)
+                layer = _layer_name(node.name, known_layer_names)
+                if layer:
+                    layers.add(layer)
+    return sorted(ops), sorted(layers)
+
+
+def export_onnx(model, target: Path, known_layer_names=()) -> None:
+    """Writes `model` (float32) as ONNX to `target` via Keras's `model.export`.
+
+    Raises:
+        ExportError: naming the TensorFlow ops (and their layers) ONNX cannot
+            express, or with the first line of the converter's error.
+    """
+    import onnx
+
+    check_available()
+    tf2onnx_logger = logging.getLogger("tf2onnx")
+    previous_level = tf2onnx_logger.level
+    # tf2onnx logs each op it cannot map (with a traceback); the error below names them.
+    tf2onnx_logger.setLevel(logging.CRITICAL)
+    # Importing tf2onnx.convert sets TF_CPP_MIN_LOG_LEVEL=3 for the whole
+    # process; the user's (or kerasfast's) value is put back afterwards.
+    log_level = os.environ.get("TF_CPP_MIN_LOG_LEVEL")
+    try:
+        # The graph optimiser tf2onnx runs prints "Starting new session"
+        # lines that ignore TF_CPP_MIN_LOG_LEVEL: filtered like start-up chatter.
+        with filtered_stderr(), warnings.catch_warnings():
+            # Keras's tf2onnx numpy-2 patch touches np.object (a FutureWarning).
+            warnings.simplefilter("ignore", FutureWarning)
+            model.export(str(target), format="onnx", verbose=False)
+    except Exception as error:
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0][:500]
+        raise ExportError(f"ONNX conversion (Keras model.export(format='onnx'), tf2onnx) failed: {first}") from error
+    finally:
+        tf2onnx_logger.setLevel(previous_level)
+        if log_level is None:
+            os.environ.pop("TF_CPP_MIN_LOG_LEVEL", None)
+        else:
+            os.environ["TF_CPP_MIN_LOG_LEVEL"] = log_level
+    ops, layers = unsupported_ops(onnx.load(str(target)), known_layer_names)
+    if ops:
+        where = f" (in layer(s) {layers})" if layers else ""
+        raise ExportError(
+            f"ONNX cannot express the TensorFlow op(s) {ops}{where}: tf2onnx has no ONNX mapping for them. "
+            "Write that part of the model with ops ONNX has (keras.ops equivalents), or leave 'onnx' "
+            "and 'onnx_int8' out of formats."
+        )
+
+
+class _Calibration:
+    """onnxruntime CalibrationDataReader over an array, one sample per batch."""
+
+    def __init__(self, input_name: str, samples: np.ndarray):
+        self._feeds = iter([{input_name: samples[i : i + 1]} for i in range(len(samples))])
+
+    def get_next(self):
+        return next(self._feeds, None)
+
+    def rewind(self):  # pragma: no cover - only used by some calibration methods
+        raise NotImplementedError
+
+
+def _preprocessed(float_path: Path, folder: Path) -> Path:
+    """The file after onnxruntime's recommended pre-quantisation pass (shape
+    inference, graph optimisation); the file itself if that pass fails.
+
+    Without it onnxruntime.quantization warns through `logging.warning`,
+    which configures the root logger of the user's process.
+    """
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    target = folder / "preprocessed.onnx"
+    try:
+        # Symbolic shape inference would need sympy; Keras's exports have static shapes but the batch.
+        quant_pre_process(str(float_path), str(target), skip_symbolic_shape=True)
+        return target
+    except Exception:  # optional step: quantise the exported file as it is
+        return float_path
+
+
+def quantize_int8(float_path: Path, target: Path, calibration: np.ndarray | None) -> str:
+    """Writes the int8 version of the ONNX file `float_path` to `target`.
+
+    Returns:
+        A note for the report saying how it was quantised.
+    """
+    with tempfile.TemporaryDirectory(prefix="kerasfast-onnx-") as scratch:
+        return _quantize(_preprocessed(Path(float_path), Path(scratch)), Path(target), calibration)
+
+
+def _quantize(source: Path, target: Path, calibration) -> str:
+    import onnxruntime
+    from onnxruntime import quantization
+
+    try:
+        if calibration is None or len(calibration) == 0:
+            quantization.quantize_dynamic(str(source), str(target), weight_type=quantization.QuantType.QInt8)
+            return "onnxruntime dynamic int8 (int8 weights; no representative_data to calibrate activations)"
+        session = onnxruntime.InferenceSession(str(source), providers=["CPUExecutionProvider"])
+        input_name = session.get_inputs()[0].name
+        reader = _Calibration(input_name, np.asarray(calibration, dtype=np.float32))
+        quantization.quantize_static(
+            str(source),
+            str(target),
+            reader,
+            quant_format=quantization.QuantFormat.QDQ,
+            activation_type=quantization.QuantType.QInt8,
+            weight_type=quantization.QuantType.QInt8,
+            per_channel=True,
+        )
+        return (
+            f"onnxruntime static int8 (QDQ, per-channel weights, activations calibrated on "
+            f"{len(calibration)} representative samples)"
+        )
+    except ExportError:
+        raise
+    except Exception as error:
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0][:500]
+        raise ExportError(f"ONNX int8 quantisation (onnxruntime.quantization) failed: {first}") from error
+
+
+class OnnxModel:
+    """An .onnx file in ONNX Runtime (CPU), called like a Keras model.
+
+    Args:
+        path: the .onnx file.
+        num_threads: intra-op threads (1, like the LiteRT latency).
+    """
+
+    def __init__(self, path, num_threads: int = 1):
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = num_threads
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3  # errors come back as exceptions
+        try:
+            self._session = onnxruntime.InferenceSession(
+                str(path), sess_options=options, providers=["CPUExecutionProvider"]
+            )
+        except Exception as error:
+            raise ExportError(f"ONNX Runtime cannot load {Path(path).name}: {str(error).strip()[:500]}") from error
+        (self._input,) = self._session.get_inputs()
+        self._dtype = np.float32 if self._input.type == "tensor(float)" else None
+
+    def _run(self, batch):
+        if self._dtype is not None:
+            batch = batch.astype(self._dtype, copy=False)
+        try:
+            return self._session.run(None, {self._input.name: batch})[0]
+        except Exception as error:
+            raise ExportError(f"ONNX Runtime failed to run the model: {str(error).strip()[:500]}") from error
+
+    def predict(self, x: np.ndarray, batch_size: int = 64) -> np.ndarray:
+        """Outputs for all of `x`, in batches of `batch_size`."""
+        return np.concatenate(
+            [np.asarray(self._run(x[i : i + batch_size]), dtype=np.float32) for i in range(0, len(x), batch_size)]
+        )
+
+    def latency_ms_per_sample(self, sample: np.ndarray, *, warmup: int = 5, min_runs: int = 30, budget_s: float = 0.5):
+        """Median milliseconds of one batch-1 run."""
+        batch = np.ascontiguousarray(sample[None, ...])
+        for _ in range(warmup):
+            self._run(batch)
+        timings, started = [], time.perf_counter()
+        while len(timings) < min_runs or (time.perf_counter() - started < budget_s and len(timings) < 2000):
+            tick = time.perf_counter()
+            self._run(batch)
+            timings.append(time.perf_counter() - tick)
+        return float(np.median(timings) * 1000.0)
