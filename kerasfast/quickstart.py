@@ -26,7 +26,11 @@ EXPORT_FORMATS = ("keras", "tflite_float32", "tflite_int8")
 
 
 def digits_convnet(num_classes: int = 10) -> keras.Model:
-    """A small convnet for 8x8x1 digit images (~20k parameters).
+    """A small convnet for 8x8x1 digit images (~360k parameters, most in one Dense).
+
+    Three 3x3 convolutions (32, 64, 128 filters, one 2x2 pooling) and a
+    dropout-regularised dense head: 0.99 test accuracy on digits in 30
+    epochs (a few seconds per epoch on two CPU cores).
 
     Example:
 
@@ -38,18 +42,20 @@ def digits_convnet(num_classes: int = 10) -> keras.Model:
         [
             keras.Input((8, 8, 1)),
             keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
-            keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
-            keras.layers.MaxPooling2D(),
             keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
-            keras.layers.GlobalAveragePooling2D(),
-            keras.layers.Dense(64, activation="relu"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Conv2D(128, 3, padding="same", activation="relu"),
+            keras.layers.Flatten(),
+            keras.layers.Dropout(0.3),
+            keras.layers.Dense(128, activation="relu"),
+            keras.layers.Dropout(0.3),
             keras.layers.Dense(num_classes, activation="softmax"),
         ],
         name="digits_convnet",
     )
 
 
-def run_quickstart(out_dir: str | pathlib.Path = "kerasfast_quickstart", *, epochs: int = 15,
+def run_quickstart(out_dir: str | pathlib.Path = "kerasfast_quickstart", *, epochs: int = 30,
                    prune_epochs: int = 10, sparsity: float = SPARSITY, batch_size: int = 64, verbose="auto",
                    **fit_options) -> dict:
     """Trains the digits convnet with the auto plan and reports the result.
@@ -78,7 +84,9 @@ def run_quickstart(out_dir: str | pathlib.Path = "kerasfast_quickstart", *, epoc
                   run_dir=out_dir / "train", **common)
     model = trained.model
     _, dense_accuracy = model.evaluate(x_test, y_test, verbose=0)
-    pruned = fit(model, (x_train, y_train), epochs=prune_epochs, learning_rate=3e-3, prune=sparsity,
+    # The fine-tune's learning rate is kerasfast's pruning policy: a tenth of
+    # the training peak, warm-up then cosine decay (the plan prints it).
+    pruned = fit(model, (x_train, y_train), epochs=prune_epochs, prune=sparsity,
                  run_dir=out_dir / "prune", **common)
     test_loss, test_accuracy = model.evaluate(x_test, y_test, verbose=0)
     exported = export_model(model, out_dir / "export", formats=EXPORT_FORMATS,

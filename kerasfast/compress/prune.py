@@ -14,6 +14,12 @@ from kerasfast.compress.pruning import apply_pruning, finalize_pruning, format_p
 from kerasfast.errors import DataError, PlanError
 
 
+# Where the sparsity ramp ends by default, as a fraction of the run: the
+# second half recovers at the final mask (0.7 left too few updates to
+# recover from the last, largest pruning steps at 80% sparsity).
+RAMP_END_FRACTION = 0.5
+
+
 @dataclasses.dataclass
 class PruneResult:
     """What `prune` did.
@@ -65,8 +71,9 @@ def schedule_steps(total_steps: int, begin_step: int = 0, end_step: int | None =
                    frequency: int | None = None) -> tuple[int, int]:
     """Places a pruning schedule in a run of `total_steps` optimizer updates.
 
-    By default the final sparsity is reached at 70% of the run, leaving the
-    rest to recover at the final mask, and masks are updated ten times.
+    By default the final sparsity is reached at `RAMP_END_FRACTION` of the
+    run, leaving the rest (while the fine-tune's learning rate decays) to
+    recover at the final mask, and masks are updated ten times.
 
     Returns:
         `(end_step, frequency)`.
@@ -76,7 +83,7 @@ def schedule_steps(total_steps: int, begin_step: int = 0, end_step: int | None =
     """
     last_step = total_steps - 1  # the step counter seen by the last update
     if end_step is None:
-        end_step = begin_step + int(round(0.7 * max(last_step - begin_step, 0)))
+        end_step = begin_step + int(round(RAMP_END_FRACTION * max(last_step - begin_step, 0)))
         end_step = min(end_step, last_step)
     if end_step > last_step:
         raise PlanError(
@@ -166,7 +173,7 @@ def prune(
         begin_step: step at which pruning starts (counted from the start of
             this fine-tuning run).
         end_step: step at which the final sparsity is reached; defaults to
-            70% of the run, leaving the rest to recover at the final mask.
+            half the run, leaving the rest to recover at the final mask.
         frequency: mask update period in steps; defaults to a tenth of
             `end_step - begin_step`.
         include, exclude, min_size, structured: see `PruningConfig`.

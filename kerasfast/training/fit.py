@@ -243,11 +243,12 @@ def _model_facts(model, train_data, optimizer) -> ModelFacts:
     flops = None
     if own_step is None:
         shapes, dtypes = _sample_shape(train_data.sample_inputs)
-        flops = costs.forward_flops_per_sample(model, shapes, dtypes)
+        flops = costs.forward_flops(model, shapes, dtypes)
     spe = settings.get("steps_per_execution", 1)
     return ModelFacts(
         layers_without_jit=_jit_blockers(model),
-        forward_flops_per_sample=flops,
+        forward_flops_per_sample=flops.total if flops else None,
+        depthwise_conv_flops=flops.by_op_type.get("DepthwiseConv2dNative", 0) if flops else 0,
         user_optimizer=type(optimizers.unwrap(template)).__name__ if template is not None else None,
         user_learning_rate=optimizers.constant_learning_rate(template) if template is not None else None,
         custom_train_step=own_step,
@@ -375,6 +376,75 @@ def _tuned(plan: Plan, model, train_data, start: _Start, model_facts, run_facts,
     fields = [name for name in tuning.TUNED_FIELDS if name not in user_set]
     return dataclasses.replace(chosen, reasons={**chosen.reasons, **{name: reason for name in fields}},
                                tuning=tuple(dataclasses.asdict(row) for row in table))
+
+
+def _with_found_batch(plan: Plan, model, train_data, start: _Start, model_facts: ModelFacts, overrides: Overrides, *,
+                      data: dict, validation: dict, epochs, callbacks, prune):
+    """`batch_size="auto"`: the batch measured best, the data batched with
+    it, and the plan resolved again for it (learning rate scaled).
+
+    Returns:
+        `(batch_size, train_data, validation, plan, overrides, run_facts)`.
+    """
+    from kerasfast.training import batch_size as batch_search
+
+    if train_data.facts.batch_size is not None:
+        raise PlanError(f"batch_size='auto' cannot re-batch {train_data.description}, which comes batched: pass "
+                        "unbatched data (arrays, TFRecords, or dataset.unbatch()) or leave batch_size out.")
+    if plan.train_step != "kerasfast":
+        raise PlanError(f"batch_size='auto' measures kerasfast's own train step, but {plan.reasons['train_step']}: "
+                        "pass batch_size= yourself.")
+    distribution = start.distribution
+    recorded = start.progress.plan if start.progress is not None else {}
+    if "global_batch_size" in recorded:
+        found = batch_search.BatchSizeFinding(int(recorded["global_batch_size"]),
+                                              "as recorded by the backup this run resumes", [])
+    else:
+        strategy = distribution.strategy or tf.distribute.get_strategy()
+        with strategy.scope():
+            _build_state(model, plan, train_data.sample_batch)  # restored after each candidate, like the weights
+
+        def make_batches(batch):
+            return prepare_data(data["x"], data["y"], data["sample_weight"], batch_size=batch,
+                                class_weight=data["class_weight"], shuffle=False, seed=start.seed, repeat=True,
+                                on_error=data["on_error"]).dataset.take(2).cache()
+
+        shapes, dtypes = _sample_shape(train_data.sample_inputs)
+        agree = (lambda flag: chief_value(distribution, float(flag)) > 0.5) \
+            if distribution.name == "multi_worker" else None
+        found = batch_search.find_batch_size(
+            model, plan, strategy, make_batches, num_samples=train_data.facts.num_samples,
+            accelerator=start.hardware.accelerator,
+            bytes_per_sample=costs.activation_bytes_per_sample(model, shapes, dtypes), agree=agree)
+        found.batch_size = int(round(chief_value(distribution, float(found.batch_size))))
+    # A learning rate the user passed is theirs; the optimizer's own or
+    # kerasfast's default was meant for Keras's default batch and is scaled.
+    learning_rate_reason = None
+    if overrides.learning_rate is None and not overrides.scale_lr and plan.learning_rate is not None:
+        factor, rule = batch_search.learning_rate_factor(plan.optimizer, found.batch_size)
+        overrides = dataclasses.replace(overrides, learning_rate=plan.learning_rate * factor)
+        learning_rate_reason = (f"{plan.learning_rate:g} x {factor:.3g}: {rule} from batch "
+                                f"{batch_search.FIRST_BATCH} to the {found.batch_size} batch_size='auto' chose")
+    elif plan.learning_rate is None:
+        learning_rate_reason = ("not scaled for batch_size='auto': your optimizer's learning rate is a schedule "
+                                "(pass learning_rate= to set its peak)")
+    overrides = dataclasses.replace(overrides, batch_size=found.batch_size)
+    train_data = prepare_data(data["x"], data["y"], data["sample_weight"], batch_size=found.batch_size,
+                              class_weight=data["class_weight"], shuffle=data["shuffle"], seed=start.seed,
+                              repeat=True, on_error=data["on_error"])
+    validation_arguments = _validation_arguments(
+        validation["validation_data"], validation["batch_size"] or found.batch_size, validation["steps"],
+        validation["freq"], train_data, data["on_error"])
+    plan, run_facts = _plan_run(start, overrides, model_facts, train_data, epochs=epochs, callbacks=callbacks,
+                                prune=prune)
+    reasons = {**plan.reasons, "global_batch_size": found.reason}
+    not_users = ("global_batch_size",)
+    if learning_rate_reason:
+        reasons["learning_rate"] = learning_rate_reason
+        not_users += ("learning_rate",)
+    plan = dataclasses.replace(plan, reasons=reasons,
+                               overridden=tuple(name for name in plan.overridden if name not in not_users))
+    return found.batch_size, train_data, validation_arguments, plan, overrides, run_facts
 
 
 def _found_learning_rate(model, x, y, sample_weight, *, class_weight, start: _Start, batch_size):
@@ -523,7 +593,7 @@ def fit(
     x=None,
     y=None,
     *,
-    batch_size: int | None = None,
+    batch_size: int | str | None = None,
     epochs: int = 1,
     verbose="auto",
     callbacks=None,
@@ -578,7 +648,12 @@ def fit(
             `keras.utils.PyDataset`, a generator; or a TFRecord file, folder
             or pattern written by `kerasfast.data.write_tfrecords`. A tuple
             `x` without `y` is read as `(x, y[, sample_weight])`.
-        batch_size, epochs, verbose, callbacks, validation_split,
+        batch_size: As in Keras, or "auto": real train steps pick it (on a
+            GPU the largest global batch that fits in memory, on a CPU the
+            fastest within a memory bound; see
+            `kerasfast.training.batch_size`), and the learning rate is scaled
+            to match; the plan says by how much.
+        epochs, verbose, callbacks, validation_split,
         validation_data, shuffle, class_weight, initial_epoch,
         steps_per_epoch, validation_steps, validation_batch_size,
         validation_freq: As in Keras 3's `fit` (see docs/fit.md for the
@@ -676,6 +751,9 @@ def fit(
     find_rate = isinstance(options.get("learning_rate"), str) and options["learning_rate"] == "find"
     if find_rate:
         options = {**options, "learning_rate": None}  # planned once the range test has found it
+    auto_batch = isinstance(batch_size, str) and batch_size == "auto"
+    if auto_batch:
+        batch_size = None  # planned once real steps have measured the candidates
     overrides = Overrides.from_options({**options, "batch_size": batch_size, "steps_per_epoch": steps_per_epoch})
     callbacks = list(callbacks or [])
     start = _start(overrides, strategy=strategy, run_dir=run_dir, backup_dir=backup_dir, backup_every=backup_every,
@@ -707,6 +785,15 @@ def fit(
     if keras_compat.overridden_step(train_model, "train_step") is None:
         check_inputs_match(train_model, train_data.sample_inputs)
     model_facts = _model_facts(train_model, train_data, optimizer)
+    fine_tune = None
+    if prune is not None and not find_rate:
+        # Pruning a trained model: its own learning rate (kerasfast.compress.finetune).
+        from kerasfast.compress.finetune import fine_tune_rate
+
+        fine_tune = fine_tune_rate(optimizer if optimizer is not None else getattr(prepared.user_model, "optimizer", None),
+                                   learning_rate=overrides.learning_rate, lr_schedule=overrides.lr_schedule)
+        if fine_tune is not None:
+            overrides = fine_tune.applied_to(overrides)
     plan, run_facts = _plan_run(start, overrides, model_facts, train_data, epochs=epochs, callbacks=callbacks,
                                 prune=prune)
     if start.progress is not None:
@@ -718,6 +805,14 @@ def fit(
             _compile_for_run(train_model, plan, loss=loss, optimizer=optimizer, metrics=metrics)
         if plan.jit_compile and plan.train_step == "kerasfast":
             plan = _checked_jit(plan, train_model, train_data.sample_inputs)
+    if auto_batch:
+        batch_size, train_data, validation, plan, overrides, run_facts = _with_found_batch(
+            plan, train_model, train_data, start, model_facts, overrides,
+            data=dict(x=x, y=y, sample_weight=sample_weight, class_weight=class_weight, shuffle=shuffle,
+                      on_error=on_error),
+            validation=dict(validation_data=validation_data, batch_size=validation_batch_size,
+                            steps=validation_steps, freq=validation_freq),
+            epochs=epochs, callbacks=callbacks, prune=prune)
     finding = None
     if find_rate:
         finding = _found_learning_rate(train_model, x, y, sample_weight, class_weight=class_weight, start=start,
@@ -725,7 +820,10 @@ def fit(
         overrides = dataclasses.replace(overrides, learning_rate=finding.suggestion)
         plan, run_facts = _plan_run(start, overrides, model_facts, train_data, epochs=epochs, callbacks=callbacks,
                                     prune=prune)
-        plan = dataclasses.replace(plan, reasons={**plan.reasons, "learning_rate": f"found: {finding.reason}"})
+        plan = dataclasses.replace(plan, reasons={**plan.reasons, "learning_rate": f"found: {finding.reason}"},
+                                   overridden=tuple(name for name in plan.overridden if name != "learning_rate"))
+    if fine_tune is not None:
+        plan = fine_tune.described(plan)
     if tune != "off" and plan.train_step == "kerasfast" and start.progress is None:
         plan = _tuned(plan, train_model, train_data, start, model_facts, run_facts, overrides, mode=tune,
                       budget_s=tune_budget_s)

@@ -8,10 +8,12 @@ the plan, so that the same settings hold whatever optimizer the user gave.
 
 from __future__ import annotations
 
+import math
+
 import keras
 
 from kerasfast.plan import Plan
-from kerasfast.training.schedules import OneCycle, warmup_cosine
+from kerasfast.training.schedules import OneCycle, StartingAt, warmup_cosine
 
 # AdamW's decoupled weight decay for the default optimizer (Loshchilov &
 # Hutter use 1e-2 with Adam's defaults).
@@ -52,11 +54,24 @@ def copy_of(optimizer):
     return template.__class__.from_config(template.get_config())
 
 
-def planned_learning_rate(plan: Plan):
-    """The learning rate kerasfast sets on the user's optimizer, or None to keep its own."""
-    if plan.lr_schedule == "optimizer's own" and "learning_rate" not in plan.overridden:
-        return None
-    return learning_rate_schedule(plan)
+def planned_learning_rate(plan: Plan, start_step: int = 0, optimizer=None):
+    """The learning rate kerasfast sets on the user's optimizer, or None to keep its own.
+
+    With the optimizer's own schedule, the plan's rate is set only when it
+    differs from the optimizer's (the user's `learning_rate=`, or one scaled
+    for `batch_size="auto"` or found by the range test). A planned schedule
+    spans this run's updates: for an optimizer that already made
+    `start_step` updates (an earlier fit of the same model) it starts at that
+    step instead of running on from the earlier run's end.
+    """
+    if plan.lr_schedule == "optimizer's own":
+        own = constant_learning_rate(optimizer) if optimizer is not None else None
+        if plan.learning_rate is None or (own is not None and math.isclose(own, plan.learning_rate, rel_tol=1e-6)):
+            return None
+    rate = learning_rate_schedule(plan)
+    if start_step and isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+        return StartingAt(rate, start_step)
+    return rate
 
 
 def loss_scaling(optimizer, plan: Plan):

@@ -127,3 +127,66 @@ class ScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):
     @classmethod
     def from_config(cls, config):
         return cls(keras.saving.deserialize_keras_object(config["schedule"]), config["scale"])
+
+
+@keras.saving.register_keras_serializable(package="kerasfast")
+class StartingAt(keras.optimizers.schedules.LearningRateSchedule):
+    """`schedule(step - start_step)`: a schedule that spans one run of an
+    optimizer which already made `start_step` updates in earlier runs
+    (before `start_step` it holds the schedule's value at 0).
+
+    Args:
+        schedule: A `LearningRateSchedule` counted from 0.
+        start_step: The optimizer's update count when the run starts.
+
+    Example:
+
+    >>> shifted = StartingAt(warmup_cosine(1e-3, total_steps=100, warmup_steps=10), start_step=500)
+    >>> float(shifted(510))
+    0.001
+    """
+
+    def __init__(self, schedule, start_step: int):
+        self.schedule = schedule
+        self.start_step = int(start_step)
+
+    def __call__(self, step):
+        return self.schedule(ops.maximum(ops.cast(step, "int64") - self.start_step, 0))
+
+    def get_config(self):
+        return {"schedule": keras.saving.serialize_keras_object(self.schedule), "start_step": self.start_step}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(keras.saving.deserialize_keras_object(config["schedule"]), config["start_step"])
+
+
+def peak_of(rate, steps: int) -> float | None:
+    """The highest learning rate `rate` (a number, variable or schedule)
+    gave over its first `steps` updates, or None when it cannot be read.
+
+    Example:
+
+    >>> peak_of(warmup_cosine(3e-3, total_steps=100, warmup_steps=10), steps=100)
+    0.003
+    """
+    if isinstance(rate, (ScaledSchedule, StartingAt)):
+        return peak_of(rate.schedule, steps)
+    if isinstance(rate, keras.optimizers.schedules.CosineDecay):
+        return float(rate.warmup_target if rate.warmup_target is not None else rate.initial_learning_rate)
+    if isinstance(rate, OneCycle):
+        return rate.peak_learning_rate
+    if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+        count = max(int(steps), 1)
+        probes = sorted({int(round(i * (count - 1) / 255)) for i in range(256)})
+        try:
+            values = [float(ops.convert_to_numpy(rate(step))) for step in probes]
+        except Exception:  # a schedule that cannot be called outside its optimizer
+            return None
+        # The maximum of the schedule at a few hundred steps: a warm-up's peak
+        # falls between probes by at most one probe's slope.
+        return max(values) if values else None
+    try:
+        return float(ops.convert_to_numpy(rate))
+    except Exception:
+        return None
