@@ -74,7 +74,7 @@ def info(as_json):
 
 @main.command()
 @click.option("--out", "out_dir", default="kerasfast_quickstart", show_default=True, help="Run folder to write.")
-@click.option("--epochs", default=15, show_default=True, help="Training epochs.")
+@click.option("--epochs", default=30, show_default=True, help="Training epochs.")
 @click.option("--batch-size", default=64, show_default=True, help="Global batch size.")
 @click.option("--precision", default="auto", show_default=True,
               type=click.Choice(["auto", *PRECISIONS]))

@@ -88,6 +88,14 @@ def test_smoke_run_trains_reports_and_exports(tmp_path):
     assert {"keras", "saved_model", "tflite_float32", "tflite_dynamic_int8"} <= set(formats)
     assert all(row["verified"] and row["accuracy"] > 0.2 for row in formats.values())
     assert (out / "export" / "model_dynamic_int8.tflite").stat().st_size > 0
+    # Full-integer int8 verifies too: the layers int8 breaks stay float, named in the report.
+    int8 = formats["tflite_int8"]
+    assert int8["verified"] and int8["quantization"]["mode"] in ("int8", "int8+float", "16x8")
+    if int8["quantization"]["mode"] == "int8+float":
+        kept = int8["quantization"]["kept_in_float"]
+        assert kept and all(row["layer"] in int8["notes"] and row["why"] for row in kept)
+    # Within a stated tolerance of the float file: 1 point of next-byte accuracy.
+    assert abs(int8["accuracy"] - formats["tflite_float32"]["accuracy"]) <= 0.01
 
 
 @pytest.mark.slow

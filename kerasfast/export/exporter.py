@@ -17,6 +17,7 @@ from kerasfast.export import onnx_export, preflight
 from kerasfast.export.atomic import REPORT_NAMES, check_destination, check_writable_destination, staged_export
 from kerasfast.export.evaluation import classification_accuracy, loss_value, model_loss_fn
 from kerasfast.export.formats import FORMATS
+from kerasfast.export.int8_selection import convert_int8_verified
 from kerasfast.export.litert import LiteRTModel
 from kerasfast.export.precision import float32_copy, is_mixed_precision
 from kerasfast.export.report import ArtifactReport, artifact_sizes, markdown_table, write_report
@@ -36,6 +37,12 @@ _TOLERANCE = {
     "onnx": 1e-4,
     "onnx_int8": 0.5,
 }
+
+
+# Layers whose ops full int8 may keep in float (see int8_selection).
+_NORMALIZATION_LAYERS = (keras.layers.LayerNormalization, keras.layers.GroupNormalization,
+                         keras.layers.UnitNormalization) + ((keras.layers.RMSNormalization,)
+                                                             if hasattr(keras.layers, "RMSNormalization") else ())
 
 
 @dataclasses.dataclass
@@ -220,14 +227,26 @@ def export_model(
                 runner = onnx_export.OnnxModel(target)
                 predict = runner.predict
             else:
-                content = convert_saved_model(
-                    str(graph_dir),
-                    name.removeprefix("tflite_"),
-                    representative_inputs=calibration,
-                    int8_input_output=int8_input_output and name == "tflite_int8",
-                    allow_flex_ops=allow_flex_ops,
-                    known_layer_names=[l.name for l in model._flatten_layers(include_self=False)],
-                )
+                int8_choice = None
+                if name == "tflite_int8":
+                    # Ops whose int8 error breaks verification stay float (or 16x8); see int8_selection.
+                    int8_choice = convert_int8_verified(
+                        str(graph_dir), calibration, comparison, tflite_reference,
+                        _TOLERANCE[name] * max(float(np.max(np.abs(tflite_reference))), 1e-6),
+                        int8_input_output=int8_input_output, allow_flex_ops=allow_flex_ops,
+                        known_layer_names=[l.name for l in model._flatten_layers(include_self=False)],
+                        norm_layers=[l.name for l in model._flatten_layers(include_self=False)
+                                     if isinstance(l, _NORMALIZATION_LAYERS)],
+                    )
+                    content = int8_choice.content
+                else:
+                    content = convert_saved_model(
+                        str(graph_dir),
+                        name.removeprefix("tflite_"),
+                        representative_inputs=calibration,
+                        allow_flex_ops=allow_flex_ops,
+                        known_layer_names=[l.name for l in model._flatten_layers(include_self=False)],
+                    )
                 target.write_bytes(content)
                 try:
                     runner = LiteRTModel(content)
@@ -243,13 +262,16 @@ def export_model(
                     continue
                 predict = runner.predict
                 notes = "; ".join(
-                    n for n in (tflite_note, "int8 input/output" if name == "tflite_int8" and int8_input_output else "")
+                    n for n in (tflite_note, "int8 input/output" if name == "tflite_int8" and int8_input_output else "",
+                                int8_choice.note() if int8_choice is not None else "")
                     if n
                 )
             reference = tflite_reference if spec.is_tflite or spec.is_onnx else keras_reference
             row = _measure(name, spec.filename, target, predict, comparison, reference, evaluation, loss_fn)
             row.sparsity = sparsity
             row.notes = "; ".join(n for n in (row.notes, notes) if n)
+            if spec.is_tflite and name == "tflite_int8":
+                row.quantization = int8_choice.to_dict()
             if runner is not None and measure_latency:
                 row.latency_ms = runner.latency_ms_per_sample(comparison[0])
             rows.append(row)

@@ -34,6 +34,10 @@ class ArtifactReport:
         verified: the artifact loaded back and its outputs are within the
             format's tolerance of the Keras model's.
         notes: anything the reader should know (e.g. layers left in float).
+        quantization: for "tflite_int8", how it was quantised: `mode`
+            ("int8", "int8+float" or "16x8"), `kept_in_float` (the layers
+            left in float, each with its measured int8 error and why), the
+            full-int8 error and the attempts (see `kerasfast.export.int8_selection`).
     """
 
     format: str
@@ -47,6 +51,7 @@ class ArtifactReport:
     latency_ms: float | None = None
     verified: bool = False
     notes: str = ""
+    quantization: dict | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
