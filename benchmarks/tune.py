@@ -1,16 +1,17 @@
-"""Does `tune=` find the fastest plan? Plain Keras, the rule-based plan,
-every candidate of the tuning grid (the oracle) and `tune="auto"`, side by
-side on several models.
+"""Does `tune=` find the fastest plan, and does the whole call pay for itself?
 
-For each model, in one run: plain `model.fit` (float32, Keras defaults);
-`kerasfast.fit(tune="off")` (the rules); each candidate plan of the grid
-forced with `tune="off"` (the best of them is the oracle); and
-`kerasfast.fit(tune="auto", tune_budget_s=BUDGET)`. Rates are steady-state
-samples/s after the first (compiling) execution; "tuning" is the extra
-seconds the tuned call took over the rules' call, as a share of plain
-Keras's whole 3-epoch `fit`.
+For each model, in one run: plain `model.fit` (float32, Keras defaults) and
+`kerasfast.fit` with `tune="off"` (the rules) and `tune="auto"` (its default,
+with its own budget: 10% of the run's estimated time) on a run sized to last
+about `--seconds` under plain Keras, timing each whole call (plan, tuning,
+model rebuild, compilation and training); and each candidate of the tuning
+grid forced with `tune="off"` on a short run, the best of which is the
+oracle (with the rules' and the tuned plan's rates from the long runs,
+both grid candidates themselves). Rates are steady-state samples/s after the first (compiling)
+execution. "tuning" is the tuned call's extra seconds over the rules' call,
+as a share of the plain run.
 
-    python benchmarks/tune.py [--quick] [--budget 20]
+    python benchmarks/tune.py [--quick] [--seconds 20] [--only NAME]
 """
 
 from __future__ import annotations
@@ -78,10 +79,10 @@ def models(quick: bool):
 
 def plain(build, x, y, batch_size, loss, epochs):
     keras.utils.set_random_seed(0)
+    started = time.perf_counter()
     model = build()
     model.compile("adam", loss)
     meter = ThroughputMeter(samples_counter(batch_size, len(x)), -(-len(x) // batch_size))
-    started = time.perf_counter()
     model.fit(x, y, batch_size=batch_size, epochs=epochs, verbose=0, callbacks=[meter])
     return meter.result().samples_per_second, time.perf_counter() - started
 
@@ -96,8 +97,10 @@ def fast(build, x, y, batch_size, loss, epochs, **options):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smaller data, 2 epochs")
-    parser.add_argument("--budget", type=float, default=20.0, help="tune_budget_s for the tuned run")
+    parser.add_argument("--quick", action="store_true", help="smaller data for the grid's short runs")
+    parser.add_argument("--seconds", type=float, default=20.0,
+                        help="length of the plain-Keras run the whole calls are compared on")
+    parser.add_argument("--budget", type=float, default=None, help="tune_budget_s (default: tune='auto''s own)")
     parser.add_argument("--only", default="", help="run only the models whose name contains this text")
     args = parser.parse_args(argv)
     import os
@@ -105,34 +108,34 @@ def main(argv=None):
 
     # A fresh cache: every tuned run here measures.
     os.environ["KERASFAST_CACHE_DIR"] = tempfile.mkdtemp(prefix="kerasfast-tune-bench-")
-    epochs = 2 if args.quick else 3
     hardware = kerasfast.detect_hardware()
-    print("| model | plain model.fit | rules (tune=off) | oracle (best of grid) | tune=auto | auto / plain | "
-          "auto / oracle | tuning s (share of plain fit) | auto's choice |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    print(f"Whole calls on runs of ~{args.seconds:.0f} s of plain Keras; grid candidates on 2-epoch runs.\n")
+    print("| model | epochs | plain fit s | rules call s | auto call s | auto / plain (whole call) | plain samples/s "
+          "| rules | oracle (best of grid) | auto | auto / plain | auto / oracle | tuning s (share) | auto's choice |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for name, build, x, y, batch_size, loss in models(args.quick):
         if args.only.lower() not in name.lower():
             continue
+        short_rate, _ = plain(build, x, y, batch_size, loss, 2)
+        epochs = max(3, round(args.seconds * short_rate / len(x)))
         plain_rate, plain_s = plain(build, x, y, batch_size, loss, epochs)
         rules_rate, rules_s, rules = fast(build, x, y, batch_size, loss, epochs, tune="off")
-        grid = candidate_plans(rules.plan, hardware, _facts(rules), kerasfast.plan.RunFacts(), mode="auto")
-        oracle, oracle_plan = rules_rate, rules.plan
+        options = {} if args.budget is None else {"tune_budget_s": args.budget}
+        auto_rate, auto_s, auto = fast(build, x, y, batch_size, loss, epochs, tune="auto", **options)
+        grid = candidate_plans(rules.plan, hardware, kerasfast.plan.ModelFacts(), kerasfast.plan.RunFacts(),
+                               mode="auto")
+        oracle = max(rules_rate, auto_rate)  # both are grid candidates too
         for candidate in grid[1:]:
-            rate, _, _ = fast(build, x, y, batch_size, loss, epochs, tune="off", precision=candidate.precision,
-                              jit_compile=candidate.jit_compile, steps_per_execution=candidate.steps_per_execution)
-            if rate > oracle:
-                oracle, oracle_plan = rate, candidate
-        auto_rate, auto_s, auto = fast(build, x, y, batch_size, loss, epochs, tune="auto", tune_budget_s=args.budget)
+            rate = fast(build, x, y, batch_size, loss, 2, tune="off", precision=candidate.precision,
+                        jit_compile=candidate.jit_compile, steps_per_execution=candidate.steps_per_execution)[0]
+            oracle = max(oracle, rate)
         plan = auto.plan
-        choice = f"{plan.precision}, jit={plan.jit_compile}, spe={plan.steps_per_execution}"
-        print(f"| {name} | {plain_rate:,.0f} | {rules_rate:,.0f} | {oracle:,.0f} | {auto_rate:,.0f} | "
-              f"{auto_rate / plain_rate:.2f}x | {auto_rate / oracle:.2f}x | {auto_s - rules_s:.1f} "
-              f"({(auto_s - rules_s) / plain_s:.0%}) | {choice} |", flush=True)
-
-
-def _facts(result):
-    """The facts the grid needs: which layers XLA cannot compile (none here)."""
-    return kerasfast.plan.ModelFacts()
+        tuned = "" if plan.tuning else " (not tuned)"
+        choice = f"{plan.precision}, jit={plan.jit_compile}, spe={plan.steps_per_execution}{tuned}"
+        print(f"| {name} | {epochs} | {plain_s:.1f} | {rules_s:.1f} | {auto_s:.1f} | {plain_s / auto_s:.2f}x | "
+              f"{plain_rate:,.0f} | {rules_rate:,.0f} | {oracle:,.0f} | {auto_rate:,.0f} | {auto_rate / plain_rate:.2f}x "
+              f"| {auto_rate / oracle:.2f}x | {auto_s - rules_s:.1f} ({(auto_s - rules_s) / plain_s:.0%}) | {choice} |",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ dense matmul in a given dtype, timed on this machine.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 # A training step costs about three forward passes: the forward pass itself
@@ -15,7 +16,21 @@ import time
 TRAIN_STEP_FLOPS_PER_FORWARD = 3
 
 
-def forward_flops_per_sample(model, input_shapes, input_dtypes=None) -> int | None:
+@dataclasses.dataclass(frozen=True)
+class ForwardFlops:
+    """The FLOPs of one sample's forward pass.
+
+    Attributes:
+        total: All floating-point operations.
+        by_op_type: FLOPs per graph op type (e.g. "MatMul", "Conv2D",
+            "DepthwiseConv2dNative").
+    """
+
+    total: int
+    by_op_type: dict = dataclasses.field(default_factory=dict)
+
+
+def forward_flops(model, input_shapes, input_dtypes=None) -> ForwardFlops | None:
     """Counts the floating-point operations of one forward pass for one sample.
 
     Args:
@@ -25,14 +40,14 @@ def forward_flops_per_sample(model, input_shapes, input_dtypes=None) -> int | No
         input_dtypes: Matching dtype(s); float32 when None.
 
     Returns:
-        The FLOP count, or None when the graph cannot be traced or counted
+        A `ForwardFlops`, or None when the graph cannot be traced or counted
         (e.g. an input of unknown length): callers must treat it as unknown.
 
     Example:
 
     >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
-    >>> forward_flops_per_sample(model, (4,))  # 2*4*2 + bias adds
-    18
+    >>> forward_flops(model, (4,))  # 2*4*2 for the matmul, 2 bias adds
+    ForwardFlops(total=18, by_op_type={'MatMul': 16, 'BiasAdd': 2})
     """
     import tensorflow as tf
     from tensorflow.python.profiler import model_analyzer, option_builder
@@ -48,21 +63,92 @@ def forward_flops_per_sample(model, input_shapes, input_dtypes=None) -> int | No
             specs = {k: spec(s, dtypes.get(k)) for k, s in input_shapes.items()}
         elif isinstance(input_shapes, list):
             dtypes = input_dtypes or [None] * len(input_shapes)
-            specs = [spec(s, d) for s, d in zip(input_shapes, dtypes)]
+            specs = [spec(s, d) for s, d in zip(input_shapes, dtypes, strict=True)]
         else:
             specs = spec(input_shapes, input_dtypes)
-        traced = tf.function(lambda x: model(x, training=False)).get_concrete_function(specs)
+        graph = tf.function(lambda x: model(x, training=False)).get_concrete_function(specs).graph
         options = option_builder.ProfileOptionBuilder.float_operation()
         options["output"] = "none"
         # The v1 profiler logs a deprecation warning per call; it is ours to ignore.
         verbosity = tf.get_logger().level
         tf.get_logger().setLevel("ERROR")
         try:
-            return int(model_analyzer.profile(traced.graph, options=options).total_float_ops)
+            profile = model_analyzer.profile(graph, options=options)
         finally:
             tf.get_logger().setLevel(verbosity)
     except Exception:  # noqa: BLE001 - any tracing failure means "unknown", never a crash
         return None
+    op_types = {op.name: op.type for op in graph.get_operations()}
+    by_op_type, pending = {}, list(profile.children)
+    while pending:
+        node = pending.pop(0)
+        if node.float_ops:
+            op_type = op_types.get(node.name, "other")
+            by_op_type[op_type] = by_op_type.get(op_type, 0) + int(node.float_ops)
+        pending.extend(node.children)
+    return ForwardFlops(int(profile.total_float_ops), by_op_type)
+
+
+def forward_flops_per_sample(model, input_shapes, input_dtypes=None) -> int | None:
+    """`forward_flops(...).total`, or None when it cannot be counted.
+
+    Example:
+
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    >>> forward_flops_per_sample(model, (4,))
+    18
+    """
+    counted = forward_flops(model, input_shapes, input_dtypes)
+    return counted.total if counted is not None else None
+
+
+def activation_bytes_per_sample(model, input_shapes, input_dtypes=None) -> int | None:
+    """Bytes of every tensor one sample's forward pass produces.
+
+    A train step keeps most of them for the backward pass, so this is what
+    grows with the batch; the weights and optimizer state do not.
+
+    Args:
+        model: A built Keras model.
+        input_shapes: As for `forward_flops` (without the batch dimension).
+        input_dtypes: Matching dtype(s); float32 when None.
+
+    Returns:
+        The bytes of the forward graph's per-sample tensors (those whose
+        first dimension is the batch), or None when it cannot be traced.
+
+    Example:
+
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    >>> activation_bytes_per_sample(model, (4,)) > 0
+    True
+    """
+    import tensorflow as tf
+
+    def spec(shape, dtype):
+        if shape is None or any(dim is None for dim in shape):
+            raise ValueError("unknown dimension")
+        return tf.TensorSpec((None, *shape), dtype or tf.float32)
+
+    try:
+        if isinstance(input_shapes, dict):
+            dtypes = input_dtypes or {}
+            specs = {k: spec(s, dtypes.get(k)) for k, s in input_shapes.items()}
+        elif isinstance(input_shapes, list):
+            dtypes = input_dtypes or [None] * len(input_shapes)
+            specs = [spec(s, d) for s, d in zip(input_shapes, dtypes, strict=True)]
+        else:
+            specs = spec(input_shapes, input_dtypes)
+        graph = tf.function(lambda x: model(x, training=True)).get_concrete_function(specs).graph
+    except Exception:  # noqa: BLE001 - any tracing failure means "unknown"
+        return None
+    total = 0
+    for op in graph.get_operations():
+        for tensor in op.outputs:
+            shape = tensor.shape
+            if shape.rank and shape[0] is None and shape[1:].is_fully_defined() and tensor.dtype.size:
+                total += shape[1:].num_elements() * tensor.dtype.size
+    return total
 
 
 def measure_peak_flops(dtype: str = "float32", size: int = 1024, repeats: int = 10) -> float:

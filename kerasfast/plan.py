@@ -171,6 +171,8 @@ class ModelFacts:
     Attributes:
         layers_without_jit: Names of layers that declare `supports_jit=False`.
         forward_flops_per_sample: FLOPs of one sample's forward pass, or None.
+        depthwise_conv_flops: FLOPs of one sample's forward pass in
+            depthwise convolutions (0: none, or not counted).
         user_optimizer: Class name of the optimizer the user gave (or compiled
             with), None when kerasfast picks it.
         user_learning_rate: The user optimizer's learning rate if constant.
@@ -187,6 +189,7 @@ class ModelFacts:
 
     layers_without_jit: tuple[str, ...] = ()
     forward_flops_per_sample: int | None = None
+    depthwise_conv_flops: int = 0
     user_optimizer: str | None = None
     user_learning_rate: float | None = None
     custom_train_step: str | None = None
@@ -333,7 +336,7 @@ def compute_dtype(precision: str) -> str:
 
 
 def resolve_precision(hardware: Hardware, requested: str = "auto", *, train_step_flops: float | None = None,
-                      jit_compile="auto") -> tuple[str, str]:
+                      depthwise_convs: bool = False, jit_compile="auto") -> tuple[str, str]:
     """Chooses the precision of the train step for `hardware`.
 
     Args:
@@ -341,6 +344,8 @@ def resolve_precision(hardware: Hardware, requested: str = "auto", *, train_step
         requested: "auto" or one of `PRECISIONS`.
         train_step_flops: FLOPs of one train step on one replica, if known:
             on a CPU, a step too small to gain from bfloat16 stays float32.
+        depthwise_convs: The step has depthwise convolutions: on a CPU,
+            oneDNN runs them slower in bfloat16, so it stays float32.
         jit_compile: The user's `jit_compile`: oneDNN's graph pass does not
             reach into XLA clusters.
 
@@ -402,6 +407,14 @@ def resolve_precision(hardware: Hardware, requested: str = "auto", *, train_step
         return "float32", (
             f"a train step is only {train_step_flops / 1e6:.0f} MFLOP: too little math for {flags} to pay "
             "(measured on a small MLP: float32 1.64x plain Keras, bfloat16 1.48-1.66x), so full precision"
+        )
+    if depthwise_convs:
+        # Measured with Keras 3.15 / TF 2.21 on this CPU: strided depthwise
+        # blocks 0.26x, depthwise + batch-norm blocks 0.53x, MobileNetV3-Small
+        # at 32x32 0.5x of float32 (batch 64 and 256).
+        return "float32", (
+            f"the model has depthwise convolutions, which oneDNN runs slower in bfloat16 than in float32 on "
+            f"{flags} (measured 0.26-0.53x on depthwise blocks, 0.5x on MobileNetV3-Small), so full precision"
         )
     return ONEDNN_BFLOAT16, (
         f"CPU has {flags}: oneDNN runs the step's matmuls and convolutions in bfloat16, the rest in float32, "
@@ -640,7 +653,7 @@ def resolve_plan(
     )
 
     if batch_size is not None and (not _is_int(batch_size) or batch_size < 1):
-        raise PlanError(f"batch_size={batch_size!r} is not valid: use a positive integer.")
+        raise PlanError(f"batch_size={batch_size!r} is not valid: use a positive integer (or 'auto' in kerasfast.fit).")
     if data.batch_size is not None:
         global_batch = data.batch_size
         reasons["global_batch_size"] = f"{global_batch}: set by the dataset"
@@ -668,7 +681,8 @@ def resolve_plan(
 
         train_step_flops = TRAIN_STEP_FLOPS_PER_FORWARD * model.forward_flops_per_sample * per_replica
     chosen_precision, reasons["precision"] = resolve_precision(
-        hardware, precision, train_step_flops=train_step_flops, jit_compile=jit_compile)
+        hardware, precision, train_step_flops=train_step_flops, depthwise_convs=model.depthwise_conv_flops > 0,
+        jit_compile=jit_compile)
     if chosen_precision == "mixed_float16" and train_step == "yours" and not model.loss_scaled:
         if precision == "auto":
             chosen_precision, reasons["precision"] = "float32", (

@@ -132,8 +132,12 @@ def borrowed(model, plan):
     with contextlib.ExitStack() as stack:
         stack.enter_context(model_attributes_restored(model))
         stack.enter_context(computing_in(model, keras_policy(plan.precision), plan.remat))
+        planned_rate = None
+        if model.optimizer is not None:
+            # A schedule spans this run: counted from the updates the optimizer made before it.
+            done = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+            planned_rate = optimizers.planned_learning_rate(plan, start_step=done, optimizer=model.optimizer)
         rate_control = stack.enter_context(optimizer_settings(
-            model.optimizer, learning_rate=optimizers.planned_learning_rate(plan) if model.optimizer is not None else None,
-            clipnorm=plan.clipnorm))
+            model.optimizer, learning_rate=planned_rate, clipnorm=plan.clipnorm))
         stack.enter_context(graph_precision(plan.precision))
         yield rate_control

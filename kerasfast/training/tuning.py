@@ -179,18 +179,28 @@ def tune_plan(model, candidates: list, strategy, batches, *, samples_per_step: i
     table = [Measurement(p.precision, p.jit_compile, p.steps_per_execution) for p in candidates]
     functions = {}
     started = time.perf_counter()
+    costs: list[float] = []  # seconds each measured candidate took in round one, compiling included
+
+    def out_of_budget(predicted_s: float) -> bool:
+        over = time.perf_counter() - started + predicted_s > budget_s
+        return agree(over) if agree is not None else over
+
     with state_restored(model):
         for round_ in range(2):
+            if round_:
+                # Round two re-uses the compiled functions: each costs about its timed span.
+                measured = [i for i in functions if not table[i].verdict.startswith("rejected")]
+                if out_of_budget(len(measured) * (MEASURE_S + 0.1)):
+                    break
             for index, plan in enumerate(candidates):
                 row = table[index]
                 if row.verdict.startswith("rejected") or (round_ and index not in functions):
                     continue
-                spent = not round_ and index and time.perf_counter() - started > budget_s
-                if agree is not None and not round_ and index:
-                    spent = agree(spent)
-                if spent:
+                # A candidate is started only if one like the costliest so far still fits.
+                if not round_ and index and out_of_budget(max(costs, default=0.0)):
                     row.verdict = "not measured: tuning budget spent"
                     continue
+                began = time.perf_counter()
                 with state_restored(model):
                     try:
                         rate, loss = _measure(model, plan, strategy, batches, samples_per_step, functions, index,
@@ -199,6 +209,9 @@ def tune_plan(model, candidates: list, strategy, batches, *, samples_per_step: i
                         lines = [line.strip() for line in str(error).splitlines() if line.strip()]
                         row.verdict = f"rejected: {type(error).__name__}: {(lines or [''])[-1][:160]}"
                         continue
+                    finally:
+                        if not round_:
+                            costs.append(time.perf_counter() - began)
                 row.rates.append(rate)
                 row.samples_per_second = float(np.mean(row.rates))
                 row.loss = loss if row.loss is None else row.loss
