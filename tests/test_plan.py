@@ -48,6 +48,36 @@ def test_a_bf16_cpu_keeps_steps_too_small_to_gain_in_float32():
     assert (tiny.precision, large.precision) == ("float32", "onednn_bfloat16")
 
 
+def test_depthwise_and_recurrent_models_keep_float32_on_a_bf16_cpu():
+    big = dict(forward_flops_per_sample=10_000_000)
+    mobile = resolve_plan(CPU_BF16, model=ModelFacts(**big, depthwise_conv_flops=100_000), batch_size=64)
+    assert mobile.precision == "float32" and "depthwise" in mobile.reasons["precision"]
+    recurrent = resolve_plan(CPU_BF16, model=ModelFacts(**big, recurrent_layers=("lstm",)), batch_size=64)
+    assert (recurrent.precision, recurrent.jit_compile) == ("float32", True)
+    assert "recurrent" in recurrent.reasons["jit_compile"]
+    # On a GPU neither rule applies; without recurrent layers XLA stays off on a CPU.
+    gpu = resolve_plan(Hardware(gpus=(GPU("A100", (8, 0)),)), model=ModelFacts(**big, depthwise_conv_flops=1),
+                       batch_size=64)
+    assert gpu.precision == "mixed_bfloat16"
+    assert resolve_plan(CPU_BF16, model=ModelFacts(**big), batch_size=64).jit_compile is False
+
+
+def test_the_model_facts_see_depthwise_and_recurrent_layers():
+    rng = np.random.default_rng(0)
+    images, labels = rng.random((64, 32, 32, 32), dtype=np.float32), rng.integers(0, 2, 64)
+    # Enough math per step (~1 GFLOP) that only the depthwise rule keeps float32.
+    mobile = keras.Sequential([keras.Input((32, 32, 32)), keras.layers.Conv2D(64, 1), keras.layers.DepthwiseConv2D(3),
+                               keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(2)])
+    result = kerasfast.fit(mobile, images, labels, tune="off", **FIT)
+    assert "depthwise" in result.plan.reasons["precision"] or not kerasfast.detect_hardware().cpu_has_bf16
+    series = rng.random((64, 8, 4), dtype=np.float32)
+    recurrent = keras.Sequential([keras.Input((8, 4)), keras.layers.Bidirectional(keras.layers.GRU(8)),
+                                  keras.layers.Dense(2)])
+    result = kerasfast.fit(recurrent, series, labels, tune="off", **FIT)
+    if kerasfast.detect_hardware().accelerator == "cpu":
+        assert result.plan.jit_compile is True and "gru" in result.plan.reasons["jit_compile"]
+
+
 def test_xla_on_a_bf16_cpu_uses_the_keras_policy_whatever_the_step_size():
     # oneDNN's graph pass does not reach into XLA; the Keras policy must not
     # depend on whether the step's FLOPs are known yet.

@@ -249,6 +249,8 @@ def _model_facts(model, train_data, optimizer) -> ModelFacts:
         layers_without_jit=_jit_blockers(model),
         forward_flops_per_sample=flops.total if flops else None,
         depthwise_conv_flops=flops.by_op_type.get("DepthwiseConv2dNative", 0) if flops else 0,
+        recurrent_layers=tuple(layer.name for layer in keras_compat.flatten_layers(model, include_self=False)
+                               if isinstance(layer, keras.layers.RNN)),
         user_optimizer=type(optimizers.unwrap(template)).__name__ if template is not None else None,
         user_learning_rate=optimizers.constant_learning_rate(template) if template is not None else None,
         custom_train_step=own_step,
