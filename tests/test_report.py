@@ -200,3 +200,35 @@ def test_tensorboard_without_a_run_folder_is_refused(digits):
         kerasfast.fit(small_convnet(), x[:64], y[:64], run_dir=False, tensorboard=True, **FIT)
     with pytest.raises(PlanError, match="tensorboard='yes' is not valid"):
         kerasfast.fit(small_convnet(), x[:64], y[:64], run_dir=False, tensorboard="yes", **FIT)
+
+
+def _browser():
+    import shutil
+
+    return next((shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome")
+                 if shutil.which(name)), None)
+
+
+@pytest.mark.skipif(_browser() is None, reason="needs a headless Chromium (Debian: apt-get install chromium; "
+                    ".ci/run installs it)")
+def test_the_report_renders_its_plots_in_a_browser(run, tmp_path):
+    """Chromium draws the page: the embedded plots show up as pixels in matplotlib's colours."""
+    import subprocess
+
+    import matplotlib.image
+
+    result, _ = run
+    shot = tmp_path / "report.png"
+    completed = subprocess.run(
+        [_browser(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--screenshot={shot}",
+         "--window-size=1280,4000", result.report.resolve().as_uri()],
+        capture_output=True, text=True, timeout=120)
+    assert shot.exists(), completed.stderr[-2000:]
+    pixels = matplotlib.image.imread(shot)[..., :3]
+    assert pixels.shape[:2] == (4000, 1280)
+    # matplotlib's first two line colours (C0 blue #1f77b4, C1 orange #ff7f0e) only come from the plots.
+    for colour in ((0x1F, 0x77, 0xB4), (0xFF, 0x7F, 0x0E)):
+        near = np.abs(pixels - np.array(colour) / 255).max(axis=-1) < 0.08
+        assert near.sum() > 200, f"no plot pixels of colour {colour} in the screenshot"
+    # The page is not blank: a good share of it differs from the white background.
+    assert (pixels.mean(axis=-1) < 0.95).mean() > 0.02
