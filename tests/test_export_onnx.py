@@ -154,3 +154,42 @@ def test_keras_litert_export_silently_needs_flex_where_kerasfast_names_the_op(tm
         LiteRTModel((tmp_path / "keras.tflite").read_bytes()).predict(np.ones((2, 4), np.float32))
     with pytest.raises(ExportError, match=r"Cumprod.*cumprod_layer"):
         export_model(model, tmp_path / "out", formats=["tflite_float32"])
+
+
+def test_recipe_models_round_trip_tabular_with_normalization_and_gpt_with_exact_gelu(tmp_path):
+    """The tabular recipe's MLP (Normalization constants, which Keras's own
+    ONNX export leaves as unfed inputs) and a small GPT from the GPT recipe
+    (exact GELU's Erfc; integer token inputs; static int8 strays on attention,
+    so dynamic int8 is used and said): float and int8 run in ONNX Runtime."""
+    from kerasfast.recipes import load_recipe
+
+    tabular, gpt = load_recipe("tabular"), load_recipe("gpt")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2000, 12)).astype("float32")
+    y = (x[:, :3].sum(axis=1) > 0).astype("int32")
+    keras.utils.set_random_seed(0)
+    mlp = tabular.build_mlp(x, y, 2)
+    mlp.compile("adam", "sparse_categorical_crossentropy")
+    mlp.fit(x, y, epochs=3, verbose=0)
+    result = export_model(mlp, tmp_path / "tabular", formats=["onnx", "onnx_int8"], representative_data=x[:200],
+                          eval_data=(x[:500], y[:500]))
+    rows = {r.format: r for r in result.rows}
+    keras_accuracy = float(np.mean(np.argmax(mlp.predict(x[:500], verbose=0), -1) == y[:500]))
+    assert rows["onnx"].max_abs_diff <= 1e-5 and rows["onnx"].accuracy == pytest.approx(keras_accuracy)
+    assert abs(rows["onnx_int8"].accuracy - keras_accuracy) <= 0.02 and "static int8" in rows["onnx_int8"].notes
+
+    (tokens, targets), (val_tokens, val_targets) = gpt.corpus_arrays(gpt.corpus_files(), 32, max_bytes=32 * 32 * 64)
+    keras.utils.set_random_seed(0)
+    model = gpt.build_gpt(seq_len=32, layers=1, d_model=32, heads=2)
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(tokens.astype("int32"), targets.astype("int32"), epochs=1, batch_size=32, verbose=0)
+    result = export_model(model, tmp_path / "gpt", formats=["onnx", "onnx_int8"],
+                          representative_data=tokens[:64].astype("int32"),
+                          eval_data=(val_tokens[:128].astype("int32"), val_targets[:128].astype("int32")))
+    rows = {r.format: r for r in result.rows}
+    assert rows["onnx"].verified and rows["onnx"].max_abs_diff <= 1e-4
+    int8 = rows["onnx_int8"]
+    assert int8.verified and abs(int8.accuracy - rows["onnx"].accuracy) <= 0.01
+    assert int8.notes.startswith("onnxruntime dynamic int8") or "static int8" in int8.notes
+    logits = OnnxModel(result.path("onnx")).predict(val_tokens[:4].astype("int32"))
+    assert logits.shape == (4, 32, gpt.VOCAB_SIZE)

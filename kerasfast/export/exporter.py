@@ -222,7 +222,9 @@ def export_model(
                         shutil.copyfile(onnx_float, target)
                     notes = tflite_note
                 else:
-                    how = onnx_export.quantize_int8(onnx_float, target, calibration)
+                    how = onnx_export.quantize_int8(
+                        onnx_float, target, calibration, comparison=comparison, reference=tflite_reference,
+                        tolerance=_TOLERANCE[name] * max(float(np.max(np.abs(tflite_reference))), 1e-6))
                     notes = "; ".join(n for n in (tflite_note, how) if n)
                 runner = onnx_export.OnnxModel(target)
                 predict = runner.predict

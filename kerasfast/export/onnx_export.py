@@ -1,17 +1,23 @@
-"""ONNX artifacts: Keras's own `model.export(format="onnx")`, run in ONNX Runtime.
+"""ONNX artifacts: the model converted by tf2onnx, run in ONNX Runtime.
 
-- "onnx": `model.export(path, format="onnx")`, which with the TensorFlow
-  backend traces the model's `call` and converts it with tf2onnx (opset
-  chosen by tf2onnx, dynamic batch dimension). kerasfast checks the result
-  before ONNX Runtime sees it: tf2onnx does not fail on a TensorFlow op it
-  has no ONNX mapping for, it logs an error and writes the TensorFlow op
-  into the graph, giving a file no runtime can load. Such ops are named,
-  with the layer they come from, in an `ExportError`.
+- "onnx": the model's `call` traced for its input signature (dynamic batch
+  dimension), frozen, and converted with tf2onnx (opset chosen by tf2onnx).
+  Keras's own `model.export(format="onnx")` does the same but lets tf2onnx
+  freeze the function, which leaves constants the layers captured (e.g.
+  `Normalization(mean=..., variance=...)`) as extra graph inputs nothing
+  feeds; TensorFlow's own freezing folds them in. Ops tf2onnx lacks but ONNX
+  can express exactly are taught to it (`_add_missing_handlers`: `Erfc`, from
+  exact GELU). kerasfast checks the result before ONNX Runtime sees it:
+  tf2onnx does not fail on a TensorFlow op it has no ONNX mapping for, it
+  logs an error and writes the TensorFlow op into the graph, giving a file
+  no runtime can load. Such ops are named, with the layer they come from,
+  in an `ExportError`.
 - "onnx_int8": the "onnx" file quantised by `onnxruntime.quantization`:
   static QDQ quantisation (int8 weights per channel, int8 activations)
   calibrated on the representative data when the export has some, else
-  dynamic quantisation (int8 weights, activations quantised at run time).
-  The report's notes say which.
+  dynamic quantisation (int8 weights, activations quantised at run time),
+  also used when static int8 strays beyond the tolerance (transformers).
+  The report's notes say which, and why.
 
 `OnnxModel` runs a file in ONNX Runtime on the CPU with one thread (so its
 latency compares with LiteRT's, also measured with one thread).
@@ -93,8 +99,59 @@ def unsupported_ops(model_proto, known_layer_names=()) -> tuple[list[str], list[
     return sorted(ops), sorted(layers)
 
 
+def _convert(model, target: Path) -> None:
+    """Traces, freezes (TensorFlow's own freezing, which folds captured
+    constants) and converts `model` with tf2onnx."""
+    import tensorflow as tf
+    import tf2onnx
+    from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+
+    try:  # Keras's fix-up of tf2onnx 1.17 for NumPy 2, as its own model.export applies it
+        from keras.src.export.tf2onnx_lib import patch_tf2onnx
+
+        patch_tf2onnx()
+    except ImportError:
+        pass
+    (model_input,) = model.inputs
+    spec = tf.TensorSpec((None, *model_input.shape[1:]), model_input.dtype, name="inputs")
+    traced = tf.function(lambda inputs: model(inputs, training=False), input_signature=[spec])
+    frozen = convert_variables_to_constants_v2(traced.get_concrete_function())
+    tf2onnx.convert.from_graph_def(
+        frozen.graph.as_graph_def(), input_names=[t.name for t in frozen.inputs],
+        output_names=[t.name for t in frozen.outputs], output_path=str(target))
+
+
+_HANDLERS_ADDED = []
+
+
+def _add_missing_handlers() -> None:
+    """Teaches tf2onnx the TensorFlow ops Keras layers emit that it has no
+    mapping for, each rewritten into ONNX ops exactly:
+
+    - `Erfc` (exact GELU, `keras.activations.gelu(approximate=False)`):
+      erfc(x) = 1 - erf(x), and ONNX has `Erf` since opset 9.
+    """
+    if _HANDLERS_ADDED:
+        return
+    from tf2onnx import utils
+    from tf2onnx.handler import tf_op
+
+    @tf_op("Erfc")
+    class Erfc:  # noqa: F841 - registered by the decorator
+        @classmethod
+        def version_9(cls, ctx, node, **kwargs):
+            dtype = utils.map_onnx_to_numpy_type(ctx.get_dtype(node.input[0]))
+            node.type = "Erf"
+            one = ctx.make_const(utils.make_name(f"{node.name}_one"), np.array(1, dtype=dtype))
+            erf = node.output[0]
+            ctx.insert_new_node_on_output("Sub", erf, name=utils.make_name(f"{node.name}_erfc"),
+                                          inputs=[one.output[0], erf])
+
+    _HANDLERS_ADDED.append(Erfc)
+
+
 def export_onnx(model, target: Path, known_layer_names=()) -> None:
-    """Writes `model` (float32) as ONNX to `target` via Keras's `model.export`.
+    """Writes `model` (float32, one input) as ONNX to `target` via tf2onnx.
 
     Raises:
         ExportError: naming the TensorFlow ops (and their layers) ONNX cannot
@@ -103,6 +160,7 @@ def export_onnx(model, target: Path, known_layer_names=()) -> None:
     import onnx
 
     check_available()
+    _add_missing_handlers()
     tf2onnx_logger = logging.getLogger("tf2onnx")
     previous_level = tf2onnx_logger.level
     # tf2onnx logs each op it cannot map (with a traceback); the error below names them.
@@ -116,10 +174,10 @@ def export_onnx(model, target: Path, known_layer_names=()) -> None:
         with filtered_stderr(), warnings.catch_warnings():
             # Keras's tf2onnx numpy-2 patch touches np.object (a FutureWarning).
             warnings.simplefilter("ignore", FutureWarning)
-            model.export(str(target), format="onnx", verbose=False)
+            _convert(model, target)
     except Exception as error:
         first = (str(error).strip().splitlines() or [type(error).__name__])[0][:500]
-        raise ExportError(f"ONNX conversion (Keras model.export(format='onnx'), tf2onnx) failed: {first}") from error
+        raise ExportError(f"ONNX conversion (tf2onnx) failed: {first}") from error
     finally:
         tf2onnx_logger.setLevel(previous_level)
         if log_level is None:
@@ -167,14 +225,34 @@ def _preprocessed(float_path: Path, folder: Path) -> Path:
         return float_path
 
 
-def quantize_int8(float_path: Path, target: Path, calibration: np.ndarray | None) -> str:
+def quantize_int8(float_path: Path, target: Path, calibration: np.ndarray | None, *, comparison=None,
+                  reference=None, tolerance: float | None = None) -> str:
     """Writes the int8 version of the ONNX file `float_path` to `target`.
 
+    Static int8 (activations calibrated on `calibration`) first; when its
+    outputs on `comparison` stray from `reference` by more than `tolerance`
+    (transformers: attention's activation-by-activation matmuls and softmax
+    lose too much in int8), dynamic int8 instead: int8 weights, activations
+    quantised per batch at run time.
+
     Returns:
-        A note for the report saying how it was quantised.
+        A note for the report saying how it was quantised, and why.
     """
     with tempfile.TemporaryDirectory(prefix="kerasfast-onnx-") as scratch:
-        return _quantize(_preprocessed(Path(float_path), Path(scratch)), Path(target), calibration)
+        source = _preprocessed(Path(float_path), Path(scratch))
+        how = _quantize(source, Path(target), calibration)
+        if calibration is None or comparison is None or reference is None or tolerance is None:
+            return how
+        difference = float(np.max(np.abs(OnnxModel(target).predict(comparison) - reference)))
+        if difference <= tolerance:
+            return how
+        dynamic = _quantize(source, Path(target), None)
+        return (f"{dynamic.split(' (')[0]} (int8 weights, activations quantised per batch at run time): static int8 "
+                f"strayed by {difference:.3g} from the float model (allowed {tolerance:.3g})")
+
+
+_ONNX_INPUT_DTYPES = {"tensor(float)": np.float32, "tensor(int32)": np.int32, "tensor(int64)": np.int64,
+                      "tensor(float16)": np.float16, "tensor(double)": np.float64, "tensor(uint8)": np.uint8}
 
 
 def _quantize(source: Path, target: Path, calibration) -> str:
@@ -186,8 +264,10 @@ def _quantize(source: Path, target: Path, calibration) -> str:
             quantization.quantize_dynamic(str(source), str(target), weight_type=quantization.QuantType.QInt8)
             return "onnxruntime dynamic int8 (int8 weights; no representative_data to calibrate activations)"
         session = onnxruntime.InferenceSession(str(source), providers=["CPUExecutionProvider"])
-        input_name = session.get_inputs()[0].name
-        reader = _Calibration(input_name, np.asarray(calibration, dtype=np.float32))
+        model_input = session.get_inputs()[0]
+        # The input's own dtype: token ids stay integers ("tensor(int32)").
+        dtype = _ONNX_INPUT_DTYPES.get(model_input.type, np.float32)
+        reader = _Calibration(model_input.name, np.asarray(calibration, dtype=dtype))
         quantization.quantize_static(
             str(source),
             str(target),
