@@ -76,6 +76,26 @@ def test_fine_tune_learning_rate_follows_the_policy(digits_flat):
     assert isinstance(model.optimizer._learning_rate, keras.optimizers.schedules.CosineDecay)
 
 
+def test_compress_prune_fine_tunes_at_the_policy_too(digits_flat):
+    (x, y), _ = digits_flat
+    keras.utils.set_random_seed(0)
+    model = small_model()
+    model.compile(keras.optimizers.Adam(2e-3), "sparse_categorical_crossentropy")
+    model.fit(x, y, epochs=1, batch_size=64, verbose=0)
+    done = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+    recorder = RateRecorder()
+    result = kerasfast.compress.prune(model, (x, y), target_sparsity=0.5, epochs=2, batch_size=64,
+                                      callbacks=[recorder], verbose=0)
+    total = len(recorder.rates)
+    peak = finetune.PRUNE_LR_FRACTION * 2e-3
+    schedule = warmup_cosine(peak, total, max(1, int(total * finetune.WARMUP_FRACTION)))
+    for step, rate in zip(recorder.steps, recorder.rates, strict=True):
+        assert rate == pytest.approx(float(schedule(step - done)), rel=1e-4, abs=1e-9)
+    assert "pruning fine-tune" in result.learning_rate
+    # The optimizer's own constant rate is given back.
+    assert float(keras.ops.convert_to_numpy(model.optimizer.learning_rate)) == pytest.approx(2e-3)
+
+
 def test_user_schedule_or_rate_wins(digits_flat):
     (x, y), _ = digits_flat
     common = dict(batch_size=64, loss="sparse_categorical_crossentropy", verbose=0, seed=0, run_dir=False,

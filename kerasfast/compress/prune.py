@@ -10,8 +10,10 @@ import numpy as np
 import tensorflow as tf
 
 from kerasfast.compress.config import PruningConfig
+from kerasfast.compress.finetune import fine_tune_rate
 from kerasfast.compress.pruning import apply_pruning, finalize_pruning, format_pruning_summary
 from kerasfast.errors import DataError, PlanError
+from kerasfast.training.session import optimizer_settings
 
 
 # Where the sparsity ramp ends by default, as a fraction of the run: the
@@ -30,12 +32,14 @@ class PruneResult:
         plan: one plain dict per prunable layer, pruned or left dense with
             the reason (see `apply_pruning`).
         config: the resolved `PruningConfig`.
+        learning_rate: how the fine-tune's learning rate was set, and why.
     """
 
     history: keras.callbacks.History
     summary: list
     plan: list
     config: PruningConfig
+    learning_rate: str = "the optimizer's own"
 
     def table(self) -> str:
         """Markdown table: achieved sparsity per pruned layer, then dense ones."""
@@ -149,6 +153,7 @@ def prune(
     optimizer=None,
     loss=None,
     metrics=None,
+    learning_rate=None,
     validation_data=None,
     callbacks=None,
     verbose="auto",
@@ -179,6 +184,11 @@ def prune(
         include, exclude, min_size, structured: see `PruningConfig`.
         optimizer, loss, metrics: compile the model with these instead of
             reusing its compile settings.
+        learning_rate: peak learning rate of the fine-tune. A trained
+            optimizer fine-tunes at its own policy either way: linear warm-up
+            then cosine decay to 0, peaking at `learning_rate` or at a tenth
+            of the peak it trained at (`kerasfast.compress.finetune`); the
+            optimizer's rate is given back afterwards.
         validation_data, callbacks, verbose: passed to `model.fit`.
 
     Returns:
@@ -241,11 +251,21 @@ def prune(
     def step_fn():
         return tf.cast(model.optimizer.iterations, tf.int64) - step_offset
 
+    # A trained optimizer's own rate is too high (a constant peak) or spent (a
+    # finished schedule) for a fine-tune: see kerasfast.compress.finetune.
+    rate = fine_tune_rate(model.optimizer, learning_rate=learning_rate)
+    fine_tune = rate.schedule(total_steps, step_offset) if rate is not None else learning_rate
+    if rate is not None:
+        how = f"{rate.reasons['learning_rate']}; {rate.reasons['lr_schedule']}"
+    else:
+        how = "requested (constant)" if learning_rate is not None else "the optimizer's own (it had not trained yet)"
     plan = apply_pruning(model, config, step_fn=step_fn)
     fit_kwargs = dict(epochs=epochs, validation_data=validation_data, callbacks=callbacks, verbose=verbose)
-    if isinstance(data, tf.data.Dataset):
-        history = model.fit(data, steps_per_epoch=steps_per_epoch, **fit_kwargs)
-    else:
-        history = model.fit(data[0], data[1], batch_size=batch_size, steps_per_epoch=steps_per_epoch, **fit_kwargs)
+    with optimizer_settings(model.optimizer, learning_rate=fine_tune):
+        if isinstance(data, tf.data.Dataset):
+            history = model.fit(data, steps_per_epoch=steps_per_epoch, **fit_kwargs)
+        else:
+            history = model.fit(data[0], data[1], batch_size=batch_size, steps_per_epoch=steps_per_epoch,
+                                **fit_kwargs)
     summary = finalize_pruning(model)
-    return PruneResult(history=history, summary=summary, plan=plan, config=config)
+    return PruneResult(history=history, summary=summary, plan=plan, config=config, learning_rate=how)
