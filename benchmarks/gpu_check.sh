@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # GPU check: the same side-by-side comparison as benchmarks/run_all.py, on a
 # GPU machine, for the convnet and GPT recipe models under mixed_bfloat16
-# and mixed_float16, XLA on and off. Finishes in under 5 minutes on one
-# modern GPU; prints a Markdown table to paste into docs/benchmarks.md.
+# and mixed_float16, XLA on and off; then benchmarks/tune.py's comparison
+# (plain Keras, the rules, every grid candidate, tune="auto") on the GPU.
+# Finishes in under 10 minutes on one modern GPU; prints Markdown tables to
+# paste into docs/benchmarks.md.
 #
 #   bash benchmarks/gpu_check.sh            # needs kerasfast installed with a GPU build of TensorFlow
 set -euo pipefail
@@ -42,3 +44,6 @@ for name, build, x, y, batch, loss, scale in workloads:
             rate = result.throughput.samples_per_second * scale
             print(f"| {name} | {base:,.0f} | {precision} | {jit} | {rate:,.0f} | {rate / base:.2f}x |", flush=True)
 PY
+# Tuning on the GPU: whole calls on ~10 s runs, the grid on short ones.
+timeout 300 python benchmarks/tune.py --quick --seconds 10 --only "CNN"
+timeout 240 python benchmarks/tune.py --quick --seconds 10 --only "GPT"

@@ -174,6 +174,8 @@ def main(argv=None):
                   + subprocess_tables("fit_vs_keras.py", ["--repeats", "2"])
                   + "\n\n## Divergence guard: `benchmarks/guard_overhead.py`\n\n"
                   + subprocess_tables("guard_overhead.py", ["--repeats", "2"] if args.quick else [])
+                  + "\n\n## Tuning: `benchmarks/tune.py`\n\n"
+                  + subprocess_tables("tune.py", ["--quick", "--seconds", "10"] if args.quick else [])
                   + "\n\n## GPT width: `benchmarks/gpt_width.py`\n\n"
                   + subprocess_tables("gpt_width.py", ["--widths", "128", "256"] if args.quick else [])
                   + "\n\n## Input pipeline (`benchmarks/input_pipeline.py`)\n\n"

@@ -22,7 +22,10 @@ from kerasfast.hardware import Hardware
 # others are Keras dtype policies.
 ONEDNN_BFLOAT16 = "onednn_bfloat16"
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16", ONEDNN_BFLOAT16)
-LR_SCHEDULES = ("warmup_cosine", "one_cycle", "constant")
+LR_SCHEDULES = ("warmup_cosine", "warmup_hold_cosine", "one_cycle", "constant")
+# warmup_hold_cosine holds its peak over this share of the run, then decays
+# (a pruning fine-tune: while the sparsity ramp grows, which ends at half by default).
+HOLD_FRACTION = 0.5
 # Keras 3.15 on TensorFlow only supports activation rematerialisation in
 # graph mode; "full", "larger_than" and "list_of_layers" fail (keras 21207).
 REMAT_MODES = ("activations",)
@@ -79,7 +82,8 @@ class Plan:
         remat: Rematerialisation mode ("activations") or None.
         optimizer: Name of the optimizer class used.
         learning_rate: Peak learning rate when kerasfast sets it, else None.
-        lr_schedule: "warmup_cosine", "one_cycle", "constant" or "optimizer's own".
+        lr_schedule: "warmup_cosine", "warmup_hold_cosine", "one_cycle",
+            "constant" or "optimizer's own".
         warmup_steps: Warm-up steps of the schedule, or None.
         total_steps: Optimizer updates the schedule spans (train steps divided
             by `grad_accum_steps`), or None when unknown.
@@ -777,7 +781,7 @@ def resolve_plan(
         else:
             schedule = lr_schedule
             reasons["lr_schedule"] = "requested"
-    if schedule in ("warmup_cosine", "one_cycle") and not total_steps:
+    if schedule in ("warmup_cosine", "warmup_hold_cosine", "one_cycle") and not total_steps:
         raise PlanError(
             f"lr_schedule={schedule!r} needs the run's length, which is unknown here: pass steps_per_epoch= "
             "or use lr_schedule='constant'."
@@ -800,9 +804,10 @@ def resolve_plan(
             f"{peak_lr:g} x {num_replicas} replica(s): linear scaling with the global batch (scale_lr=True)"
         )
         peak_lr = peak_lr * num_replicas
-    if schedule == "warmup_cosine":
+    if schedule in ("warmup_cosine", "warmup_hold_cosine"):
         if warmup_steps == "auto":
-            chosen_warmup = min(max(1, int(total_steps * WARMUP_FRACTION)), total_steps - 1)
+            chosen_warmup = min(max(1, int(total_steps * WARMUP_FRACTION)), int(total_steps * HOLD_FRACTION),
+                                total_steps - 1)
             reasons["warmup_steps"] = f"{WARMUP_FRACTION:.0%} of {total_steps} steps"
         else:
             if not _is_int(warmup_steps) or not 0 <= warmup_steps < total_steps:
@@ -811,7 +816,8 @@ def resolve_plan(
             reasons["warmup_steps"] = "requested"
     else:
         if warmup_steps != "auto":
-            raise PlanError(f"warmup_steps= only applies to lr_schedule='warmup_cosine', not {schedule!r}.")
+            raise PlanError(f"warmup_steps= only applies to lr_schedule='warmup_cosine' or 'warmup_hold_cosine', "
+                            f"not {schedule!r}.")
         chosen_warmup = None
         reasons["warmup_steps"] = "n/a" if schedule != "one_cycle" else "one-cycle warms up over its first 30%"
     reasons["prune"] = "off: not requested"

@@ -84,8 +84,8 @@ def run_quickstart(out_dir: str | pathlib.Path = "kerasfast_quickstart", *, epoc
                   run_dir=out_dir / "train", **common)
     model = trained.model
     _, dense_accuracy = model.evaluate(x_test, y_test, verbose=0)
-    # The fine-tune's learning rate is kerasfast's pruning policy: a tenth of
-    # the training peak, warm-up then cosine decay (the plan prints it).
+    # The fine-tune's learning rate is kerasfast's pruning policy: the
+    # training peak again, warm-up then cosine decay (the plan prints it).
     pruned = fit(model, (x_train, y_train), epochs=prune_epochs, prune=sparsity,
                  run_dir=out_dir / "prune", **common)
     test_loss, test_accuracy = model.evaluate(x_test, y_test, verbose=0)

@@ -14,7 +14,7 @@ import pytest
 import kerasfast
 from kerasfast import datasets
 from kerasfast.compress import finetune
-from kerasfast.training.schedules import StartingAt, peak_of, warmup_cosine
+from kerasfast.training.schedules import StartingAt, WarmupHoldCosine, peak_of, warmup_cosine
 
 
 class RateRecorder(keras.callbacks.Callback):
@@ -57,18 +57,20 @@ def test_fine_tune_learning_rate_follows_the_policy(digits_flat):
     total = plan.total_steps
     # The policy, as the plan states it.
     assert plan.learning_rate == pytest.approx(finetune.PRUNE_LR_FRACTION * 2e-3)
-    assert plan.lr_schedule == "warmup_cosine"
+    assert plan.lr_schedule == "warmup_hold_cosine"
     assert "pruning fine-tune" in plan.reasons["learning_rate"]
     assert "pruning fine-tune" in plan.reasons["lr_schedule"]
     assert "learning_rate" not in plan.overridden
     # The rates the optimizer applied: counted from the fine-tune's first update.
     assert recorder.steps[0] == done and len(recorder.rates) == total
-    expected = warmup_cosine(plan.learning_rate, total, plan.warmup_steps)
-    for step, rate in zip(recorder.steps, recorder.rates):
+    hold = total // 2
+    expected = WarmupHoldCosine(plan.learning_rate, total, plan.warmup_steps, hold)
+    for step, rate in zip(recorder.steps, recorder.rates, strict=True):
         assert rate == pytest.approx(float(expected(step - done)), rel=1e-4, abs=1e-9)
     peak = max(recorder.rates)
     assert peak == pytest.approx(plan.learning_rate, rel=1e-3)
     assert recorder.rates[0] < 0.2 * peak  # warm-up
+    assert recorder.rates[hold - 1] == pytest.approx(peak)  # held while the sparsity ramp grows
     assert recorder.rates[-1] < 0.05 * peak  # decayed
     # The sparsity ramp ends at half the run, leaving the rest to recover.
     assert "to update {}".format(int(round(0.5 * (total - 1)))) in plan.reasons["prune"]
@@ -88,7 +90,7 @@ def test_compress_prune_fine_tunes_at_the_policy_too(digits_flat):
                                       callbacks=[recorder], verbose=0)
     total = len(recorder.rates)
     peak = finetune.PRUNE_LR_FRACTION * 2e-3
-    schedule = warmup_cosine(peak, total, max(1, int(total * finetune.WARMUP_FRACTION)))
+    schedule = WarmupHoldCosine(peak, total, max(1, int(total * 0.05)), total // 2)
     for step, rate in zip(recorder.steps, recorder.rates, strict=True):
         assert rate == pytest.approx(float(schedule(step - done)), rel=1e-4, abs=1e-9)
     assert "pruning fine-tune" in result.learning_rate
@@ -106,7 +108,7 @@ def test_user_schedule_or_rate_wins(digits_flat):
     assert constant.lr_schedule == "constant" and constant.learning_rate == 1e-4
     assert "pruning fine-tune" not in constant.reasons["lr_schedule"]
     peak = kerasfast.fit(model, (x, y), epochs=1, prune=0.5, learning_rate=1e-4, **common).plan
-    assert peak.lr_schedule == "warmup_cosine" and peak.learning_rate == 1e-4
+    assert peak.lr_schedule == "warmup_hold_cosine" and peak.learning_rate == 1e-4
     assert peak.reasons["learning_rate"] == "requested: the pruning fine-tune's peak"
     # Pruning from scratch (no update made yet) follows the ordinary plan.
     fresh = kerasfast.fit(small_model, (x, y), epochs=1, prune=0.5, **common).plan

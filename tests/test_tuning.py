@@ -132,7 +132,7 @@ def test_bad_tuning_arguments_are_refused(options, message):
 
 
 @pytest.mark.slow
-def test_two_workers_train_with_the_chiefs_tuned_plan(tmp_path):
+def test_two_workers_train_with_the_chiefs_tuned_plan_and_reuse_the_chiefs_cache(tmp_path):
     import json
     import os
     import pathlib
@@ -140,13 +140,19 @@ def test_two_workers_train_with_the_chiefs_tuned_plan(tmp_path):
     import sys
 
     root = pathlib.Path(__file__).resolve().parents[1]
-    command = [sys.executable, "-m", "kerasfast.cli", "launch", "-n", "2", "--", sys.executable,
-               str(root / "tests" / "workers" / "tuned.py"), str(tmp_path)]
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(root),
-           "KERASFAST_CACHE_DIR": str(tmp_path / "cache")}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
-    assert done.returncode == 0, done.stdout[-4000:]
-    chief, other = (json.loads((tmp_path / f"plan.worker{i}.json").read_text()) for i in range(2))
-    assert chief["measured"] > 1
-    assert chief["chosen"] == other["chosen"]
-    assert chief["weights"] == other["weights"]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(root)}
+    for run in ("first", "second"):
+        command = [sys.executable, "-m", "kerasfast.cli", "launch", "-n", "2", "--", sys.executable,
+                   str(root / "tests" / "workers" / "tuned.py"), str(tmp_path), run]
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+        assert done.returncode == 0, done.stdout[-4000:]
+    first = [json.loads((tmp_path / f"plan.first.worker{i}.json").read_text()) for i in range(2)]
+    second = [json.loads((tmp_path / f"plan.second.worker{i}.json").read_text()) for i in range(2)]
+    assert first[0]["measured"] > 1
+    assert first[0]["chosen"] == first[1]["chosen"]
+    assert first[0]["weights"] == first[1]["weights"]
+    # Only the chief's cache holds the choice; the second run tunes nowhere and takes it everywhere.
+    assert list((tmp_path / "cache0").rglob("*.json")) and not list((tmp_path / "cache1").rglob("*.json"))
+    for worker in second:
+        assert worker["measured"] == 0 and worker["chosen"] == first[0]["chosen"]
+        assert worker["reason"].startswith("tuned earlier")

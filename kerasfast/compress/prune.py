@@ -186,8 +186,8 @@ def prune(
             reusing its compile settings.
         learning_rate: peak learning rate of the fine-tune. A trained
             optimizer fine-tunes at its own policy either way: linear warm-up
-            then cosine decay to 0, peaking at `learning_rate` or at a tenth
-            of the peak it trained at (`kerasfast.compress.finetune`); the
+            then cosine decay to 0, peaking at `learning_rate` or at the peak
+            it trained at (`kerasfast.compress.finetune`); the
             optimizer's rate is given back afterwards.
         validation_data, callbacks, verbose: passed to `model.fit`.
 

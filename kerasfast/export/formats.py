@@ -45,7 +45,7 @@ FORMATS: dict[str, ExportFormat] = {
         ExportFormat(
             "onnx",
             "model.onnx",
-            "ONNX (Keras model.export(format='onnx'), tf2onnx), float32, run in ONNX Runtime",
+            "ONNX (tf2onnx, on the frozen model), float32, run in ONNX Runtime",
             is_onnx=True,
         ),
         ExportFormat(

@@ -348,7 +348,9 @@ def _tuned(plan: Plan, model, train_data, start: _Start, model_facts, run_facts,
     if all(field in user_set for field in tuning.TUNED_FIELDS):
         return plan
     key = tuning.cache_key(model, train_data.sample_inputs, plan, start.hardware)
-    cached = tuning.cached_choice(key) if distribution.name != "multi_worker" else None
+    cached = tuning.cached_choice(key) if distribution.is_chief else None
+    if distribution.name == "multi_worker":
+        cached = _chiefs_choice(distribution, cached)  # workers' caches may differ: the chief's decides
     if cached is not None:
         choices, path = cached
         fields = [name for name in tuning.TUNED_FIELDS if name not in user_set]
@@ -378,6 +380,25 @@ def _tuned(plan: Plan, model, train_data, start: _Start, model_facts, run_facts,
     fields = [name for name in tuning.TUNED_FIELDS if name not in user_set]
     return dataclasses.replace(chosen, reasons={**chosen.reasons, **{name: reason for name in fields}},
                                tuning=tuple(dataclasses.asdict(row) for row in table))
+
+
+def _chiefs_choice(distribution, cached):
+    """The chief's cached tuning choice `(choices, path)` on every worker, or None.
+
+    Each value crosses as a number through `chief_value` (a collective:
+    every worker makes the same calls).
+    """
+    from kerasfast.plan import PRECISIONS
+
+    if chief_value(distribution, float(cached is not None)) < 0.5:
+        return None
+    choices = cached[0] if cached is not None else {"precision": PRECISIONS[0], "jit_compile": False,
+                                                      "steps_per_execution": 1}
+    precision = PRECISIONS[int(round(chief_value(distribution, float(PRECISIONS.index(choices["precision"])))))]
+    jit_compile = chief_value(distribution, float(bool(choices["jit_compile"]))) > 0.5
+    steps = int(round(chief_value(distribution, float(choices["steps_per_execution"]))))
+    path = cached[1] if cached is not None else "the chief's cache"
+    return {"precision": precision, "jit_compile": jit_compile, "steps_per_execution": steps}, path
 
 
 def _with_found_batch(plan: Plan, model, train_data, start: _Start, model_facts: ModelFacts, overrides: Overrides, *,

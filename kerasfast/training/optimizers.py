@@ -12,8 +12,8 @@ import math
 
 import keras
 
-from kerasfast.plan import Plan
-from kerasfast.training.schedules import OneCycle, StartingAt, warmup_cosine
+from kerasfast.plan import HOLD_FRACTION, Plan
+from kerasfast.training.schedules import OneCycle, StartingAt, WarmupHoldCosine, warmup_cosine
 
 # AdamW's decoupled weight decay for the default optimizer (Loshchilov &
 # Hutter use 1e-2 with Adam's defaults).
@@ -38,6 +38,9 @@ def learning_rate_schedule(plan: Plan):
     """The learning rate (a float or a schedule) the plan describes."""
     if plan.lr_schedule == "warmup_cosine":
         return warmup_cosine(plan.learning_rate, plan.total_steps, plan.warmup_steps)
+    if plan.lr_schedule == "warmup_hold_cosine":
+        return WarmupHoldCosine(plan.learning_rate, plan.total_steps, plan.warmup_steps,
+                                max(plan.warmup_steps, int(plan.total_steps * HOLD_FRACTION)))
     if plan.lr_schedule == "one_cycle":
         return OneCycle(plan.learning_rate, plan.total_steps)
     return plan.learning_rate

@@ -1,9 +1,12 @@
-"""Learning-rate schedules: linear warm-up + cosine decay, and one-cycle.
+"""Learning-rate schedules: linear warm-up + cosine decay, warm-up + hold +
+cosine decay, and one-cycle.
 
-Both are ordinary `keras.optimizers.schedules.LearningRateSchedule`s, so
+All are ordinary `keras.optimizers.schedules.LearningRateSchedule`s, so
 they work with any Keras optimizer and save with the model. Warm-up + cosine
-is Keras's own `CosineDecay` with a warm-up target; one-cycle (Smith &
-Topin, 2018), which Keras lacks, is a small serialisable schedule here.
+is Keras's own `CosineDecay` with a warm-up target; warm-up + hold + cosine
+(a "warmup-stable-decay" schedule, what a pruning fine-tune runs at) and
+one-cycle (Smith & Topin, 2018), which Keras lacks, are small serialisable
+schedules here.
 """
 
 from __future__ import annotations
@@ -41,6 +44,42 @@ def warmup_cosine(peak_learning_rate: float, total_steps: int, warmup_steps: int
         warmup_target=peak_learning_rate,
         warmup_steps=warmup_steps,
     )
+
+
+@keras.saving.register_keras_serializable(package="kerasfast")
+class WarmupHoldCosine(keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warm-up to the peak, the peak held, then cosine decay to 0.
+
+    Args:
+        peak_learning_rate: The learning rate held after warm-up.
+        total_steps: Steps the whole schedule spans.
+        warmup_steps: Steps of the linear warm-up (from 0).
+        hold_steps: The step where the decay begins (at least `warmup_steps`).
+
+    Example:
+
+    >>> schedule = WarmupHoldCosine(1e-3, total_steps=100, warmup_steps=10, hold_steps=50)
+    >>> [round(float(schedule(step)), 6) for step in (0, 10, 49, 75, 100)]
+    [0.0, 0.001, 0.001, 0.0005, 0.0]
+    """
+
+    def __init__(self, peak_learning_rate: float, total_steps: int, warmup_steps: int, hold_steps: int):
+        if not 0 <= warmup_steps <= hold_steps < total_steps:
+            raise ValueError(f"need 0 <= warmup_steps ({warmup_steps}) <= hold_steps ({hold_steps}) < total_steps "
+                             f"({total_steps}).")
+        self.peak_learning_rate = float(peak_learning_rate)
+        self.total_steps, self.warmup_steps, self.hold_steps = int(total_steps), int(warmup_steps), int(hold_steps)
+
+    def __call__(self, step):
+        step = ops.cast(step, "float32")
+        rising = self.peak_learning_rate * step / max(self.warmup_steps, 1)
+        progress = ops.clip((step - self.hold_steps) / (self.total_steps - self.hold_steps), 0.0, 1.0)
+        falling = self.peak_learning_rate * 0.5 * (1.0 + ops.cos(math.pi * progress))
+        return ops.where(step < self.warmup_steps, rising, falling)
+
+    def get_config(self):
+        return {"peak_learning_rate": self.peak_learning_rate, "total_steps": self.total_steps,
+                "warmup_steps": self.warmup_steps, "hold_steps": self.hold_steps}
 
 
 @keras.saving.register_keras_serializable(package="kerasfast")

@@ -1,7 +1,11 @@
 """A worker of the distributed tuning test: `kerasfast.fit(tune="full")`
 under MultiWorkerMirroredStrategy; writes the plan it trained with.
 
-    python tests/workers/tuned.py OUT_DIR        (started by `kerasfast launch`)
+Each worker keeps its own tuning cache (`OUT_DIR/cache<index>`), so that a
+second run (RUN_NAME "second") shows every worker taking the chief's
+cached choice, not its own.
+
+    python tests/workers/tuned.py OUT_DIR [RUN_NAME]   (started by `kerasfast launch`)
 """
 
 import json
@@ -11,6 +15,7 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 out_dir = pathlib.Path(sys.argv[1])
+run_name = sys.argv[2] if len(sys.argv) > 2 else "first"
 
 import kerasfast  # noqa: E402
 
@@ -20,6 +25,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 index = kerasfast.distribute.cluster_from_env().index
+os.environ["KERASFAST_CACHE_DIR"] = str(out_dir / f"cache{index}")
 rng = np.random.default_rng(0)
 x = rng.normal(size=(1024, 16)).astype("float32")
 y = (x[:, :4].sum(axis=1) > 0).astype("int32")
@@ -35,8 +41,9 @@ def build():
 result = kerasfast.fit(build, x, y, strategy="multi_worker", tune="full", tune_budget_s=60, epochs=1, batch_size=64,
                        run_dir=False, verbose=0)
 plan = result.plan
-(out_dir / f"plan.worker{index}.json").write_text(json.dumps({
+(out_dir / f"plan.{run_name}.worker{index}.json").write_text(json.dumps({
     "chosen": {name: getattr(plan, name) for name in ("precision", "jit_compile", "steps_per_execution")},
     "measured": len(plan.tuning), "weights": [float(np.sum(w)) for w in result.model.get_weights()],
+    "reason": plan.reasons["precision"],
 }))
 print(f"worker {index} done")
