@@ -878,7 +878,8 @@ def fit(
             stream_from = sharded_tfrecord_stream(os.fspath(x), tf_strategy, global_batch_size=plan.global_batch_size,
                                                   shuffle=shuffle, seed=start.seed, on_error=on_error)
         else:
-            stream_from = stream_factory(train_data.dataset, repeat=bool(plan.steps_per_epoch))
+            stream_from = stream_factory(train_data.dataset, repeat=bool(plan.steps_per_epoch),
+                                         autotune=train_data.source != "arrays")
 
         def meter_factory(progress, input_wait):
             return ThroughputMeter(samples_counter(plan.global_batch_size, train_data.facts.num_samples),
