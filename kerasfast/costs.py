@@ -30,6 +30,29 @@ class ForwardFlops:
     by_op_type: dict = dataclasses.field(default_factory=dict)
 
 
+def _input_specs(input_shapes, input_dtypes, batch):
+    """`tf.TensorSpec`s with a leading `batch` dimension for one input shape,
+    or a dict / list of them.
+
+    Raises:
+        ValueError: For a shape with an unknown dimension.
+    """
+    import tensorflow as tf
+
+    def spec(shape, dtype):
+        if shape is None or any(dim is None for dim in shape):
+            raise ValueError("unknown dimension")
+        return tf.TensorSpec((batch, *shape), dtype or tf.float32)
+
+    if isinstance(input_shapes, dict):
+        dtypes = input_dtypes or {}
+        return {k: spec(s, dtypes.get(k)) for k, s in input_shapes.items()}
+    if isinstance(input_shapes, list):
+        dtypes = input_dtypes or [None] * len(input_shapes)
+        return [spec(s, d) for s, d in zip(input_shapes, dtypes, strict=True)]
+    return spec(input_shapes, input_dtypes)
+
+
 def forward_flops(model, input_shapes, input_dtypes=None) -> ForwardFlops | None:
     """Counts the floating-point operations of one forward pass for one sample.
 
@@ -52,20 +75,8 @@ def forward_flops(model, input_shapes, input_dtypes=None) -> ForwardFlops | None
     import tensorflow as tf
     from tensorflow.python.profiler import model_analyzer, option_builder
 
-    def spec(shape, dtype):
-        if shape is None or any(dim is None for dim in shape):
-            raise ValueError("unknown dimension")
-        return tf.TensorSpec((1, *shape), dtype or tf.float32)
-
     try:
-        if isinstance(input_shapes, dict):
-            dtypes = input_dtypes or {}
-            specs = {k: spec(s, dtypes.get(k)) for k, s in input_shapes.items()}
-        elif isinstance(input_shapes, list):
-            dtypes = input_dtypes or [None] * len(input_shapes)
-            specs = [spec(s, d) for s, d in zip(input_shapes, dtypes, strict=True)]
-        else:
-            specs = spec(input_shapes, input_dtypes)
+        specs = _input_specs(input_shapes, input_dtypes, batch=1)
         graph = tf.function(lambda x: model(x, training=False)).get_concrete_function(specs).graph
         options = option_builder.ProfileOptionBuilder.float_operation()
         options["output"] = "none"
@@ -125,20 +136,8 @@ def activation_bytes_per_sample(model, input_shapes, input_dtypes=None) -> int |
     """
     import tensorflow as tf
 
-    def spec(shape, dtype):
-        if shape is None or any(dim is None for dim in shape):
-            raise ValueError("unknown dimension")
-        return tf.TensorSpec((None, *shape), dtype or tf.float32)
-
     try:
-        if isinstance(input_shapes, dict):
-            dtypes = input_dtypes or {}
-            specs = {k: spec(s, dtypes.get(k)) for k, s in input_shapes.items()}
-        elif isinstance(input_shapes, list):
-            dtypes = input_dtypes or [None] * len(input_shapes)
-            specs = [spec(s, d) for s, d in zip(input_shapes, dtypes, strict=True)]
-        else:
-            specs = spec(input_shapes, input_dtypes)
+        specs = _input_specs(input_shapes, input_dtypes, batch=None)
         graph = tf.function(lambda x: model(x, training=True)).get_concrete_function(specs).graph
     except Exception:  # noqa: BLE001 - any tracing failure means "unknown"
         return None
