@@ -2,7 +2,7 @@
 
     kerasfast info [--json]         hardware found and the default plan
     kerasfast quickstart [--out D]  train the digits convnet with the auto plan
-    kerasfast launch -n N -- CMD    run CMD as an N-worker job on this machine
+    kerasfast launch -n N -- CMD    run CMD as an N-worker job on this machine (--restarts K)
     kerasfast convert SRC OUT       write TFRecord shards + schema
     kerasfast export MODEL OUT      SavedModel / TFLite, verified in LiteRT
     kerasfast recipe NAME [flags]   run an end-to-end recipe from recipes/
@@ -127,8 +127,13 @@ def report(run_dir):
 @click.option("--host-network", is_flag=True,
               help="Run the workers on the host network (e.g. to download data) instead of in a private "
                    "network namespace with only loopback; their servers then listen on all interfaces.")
+@click.option("--restarts", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Start the whole job again this many times when a worker fails; kerasfast.fit resumes "
+                   "from the run folder's backup.")
+@click.option("--restart-delay", type=click.FloatRange(min=0), default=2.0, show_default=True,
+              help="Seconds to wait between a failed attempt and the next.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def launch(num_workers, port, host_network, command):
+def launch(num_workers, port, host_network, restarts, restart_delay, command):
     """Run COMMAND as an N-worker job on this machine (TF_CONFIG on loopback).
 
     The workers run in one private network namespace of their own, with only
@@ -140,15 +145,19 @@ def launch(num_workers, port, host_network, command):
     which, and why. On the host network the ports are held from their choice
     until the job ends. SIGINT, SIGTERM and SIGHUP are passed on to every
     worker, which is killed if still running 3 s later; the exit code is
-    then 128 + the signal's number. See docs/distributed.md.
+    then 128 + the signal's number. With --restarts K, a job whose worker
+    fails is stopped and started again, whole, up to K times; each attempt
+    resumes from the backup in the script's run folder (shared by every
+    worker). See docs/distributed.md.
 
-    Example: kerasfast launch -n 2 -- python train.py --epochs 3
+    Example: kerasfast launch -n 2 --restarts 3 -- python train.py --epochs 3
     """
     from kerasfast.distribute.launch import launch as run_workers
     from kerasfast.errors import KerasfastError
 
     try:
-        code = run_workers(list(command), num_workers, port=port, host_network=host_network)
+        code = run_workers(list(command), num_workers, port=port, host_network=host_network, restarts=restarts,
+                           restart_delay_s=restart_delay)
     except KerasfastError as error:
         raise click.ClickException(str(error)) from error
     sys.exit(code)

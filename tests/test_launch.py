@@ -527,3 +527,83 @@ def test_an_unprivileged_user_gets_a_user_namespace_and_owns_the_workers_files()
             assert (written.stat().st_uid, written.stat().st_gid) == (nobody, nobody)
     finally:
         shutil.rmtree(folder)
+
+
+# Worker 1 fails (exit 5) in the attempts listed in argv[2]; worker 0 waits
+# for a peer that never finishes unless it is stopped. Both log their attempt.
+FLAKY_WORKER = """
+import json, os, pathlib, sys, time
+index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+attempt = int(os.environ["KERASFAST_LAUNCH_ATTEMPT"])
+with open(pathlib.Path(sys.argv[1], "attempts.log"), "a") as log:
+    log.write("%d %d\\n" % (attempt, index))
+print("kerasfast: resuming from /run/backup at epoch 2, step %d" % (4 * attempt) if attempt > 1 else "fresh start")
+if index == 1 and str(attempt) in sys.argv[2].split(","):
+    sys.exit(5)
+time.sleep(0.5 if index == 1 else 1.5)
+"""
+
+
+def test_a_failed_job_is_restarted_whole_until_an_attempt_succeeds(tmp_path):
+    script = write_script(tmp_path, FLAKY_WORKER)
+    done = subprocess.run([sys.executable, "-m", "kerasfast.cli", "launch", "-n", "2", "--restarts", "3",
+                           "--restart-delay", "0.2", "--", sys.executable, script, str(tmp_path), "1,2"],
+                          capture_output=True, text=True, env=ENV, timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    text = done.stdout
+    for attempt in (1, 2, 3):
+        assert f"[kerasfast launch] attempt {attempt} of 4\n" in text
+    assert "attempt 4 of 4" not in text
+    assert "attempt 1 failed (worker 1 exited with code 5 after" in text and "3 restart(s) left" in text
+    assert "attempt 2 failed (worker 1 exited with code 5 after" in text and "2 restart(s) left" in text
+    assert "[kerasfast launch] attempt 3 resumed from epoch 2, step 12\n" in text
+    # Every attempt started every worker afresh, and the job stopped at the first success.
+    lines = sorted((tmp_path / "attempts.log").read_text().split("\n")[:-1])
+    assert lines == ["1 0", "1 1", "2 0", "2 1", "3 0", "3 1"]
+
+
+def test_a_job_that_keeps_failing_stops_after_its_restarts_with_every_failure_listed(tmp_path):
+    script = write_script(tmp_path, FLAKY_WORKER)
+    lines = []
+
+    class Collect:
+        def write(self, text):
+            lines.append(text)
+
+        def flush(self):
+            pass
+
+    code = launch([sys.executable, script, str(tmp_path), "1,2,3"], 2, restarts=2, restart_delay_s=0.1,
+                  out=Collect(), env=ENV)
+    assert code == 5
+    text = "".join(lines)
+    assert "[kerasfast launch] giving up: 3 attempt(s) failed (attempt 1: worker 1 exited with code 5 after" in text
+    assert "attempt 2: worker 1 exited with code 5 after" in text and ", resumed from epoch 2, step 8;" in text
+    assert "attempt 3: worker 1 exited with code 5 after" in text and ", resumed from epoch 2, step 12)" in text
+
+
+def test_restarts_are_checked():
+    with pytest.raises(ValueError, match="restarts=-1 must be an int >= 0"):
+        launch([sys.executable, "-c", "pass"], 1, restarts=-1)
+    result = CliRunner().invoke(cli, ["launch", "-n", "2", "--restarts", "-2", "--", "true"])
+    assert result.exit_code == 2 and "--restarts" in result.output
+
+
+@linux_only
+def test_a_stop_signal_is_never_restarted(tmp_path):
+    script = write_script(tmp_path, SIGNAL_WORKER)
+    log = tmp_path / "launch.log"
+    with open(log, "w") as output:
+        launcher = subprocess.Popen([*HOST_LAUNCH[:6], "--restarts", "3", *HOST_LAUNCH[6:], script, str(tmp_path)],
+                                    stdout=output, stderr=subprocess.STDOUT, env=ENV)
+    try:
+        wait_for(lambda: "tick" in log.read_text(), 300, "the workers to start", launcher, log)
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=15) == 128 + signal.SIGTERM
+        text = log.read_text()
+        assert "received SIGTERM; stopping the workers" in text
+        assert "attempt 1 of 4" in text and "attempt 2 of 4" not in text and "restarting" not in text
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()

@@ -43,6 +43,17 @@ launcher's held socket (same user, both with SO_REUSEPORT); a program
 without SO_REUSEPORT gets "address in use". The held socket never listens,
 so every connection goes to the worker.
 
+Restarts. With `restarts=K` (`--restarts K`), a job whose worker fails
+(killed, out of memory, lost peer, any non-zero exit) is stopped as a
+whole, and after `restart_delay_s` started again, up to K times: every
+worker of the new attempt starts afresh, and a script that trains with
+`kerasfast.fit` resumes exactly from the backup in its run folder (which
+every worker must see: a shared volume on a cluster). Each worker gets
+`KERASFAST_LAUNCH_ATTEMPT` (1, 2, ...). The launcher prints which attempt
+runs and, from the workers' own "resuming from" line, the step it resumed
+from; after the last failed attempt it prints every failure and exits with
+the last one's code. A stop signal to the launcher is never restarted.
+
 Signals. SIGINT, SIGTERM and SIGHUP to the launcher are forwarded to every
 worker's process group; a worker still running `TERMINATE_GRACE_S` later
 is killed (SIGKILL to its group), and the launcher exits with 128 + the
@@ -52,10 +63,12 @@ signal's number.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import ipaddress
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -85,6 +98,14 @@ NAMESPACE_FIRST_PORT = 20000
 # the namespace "unavailable": the workers use the host network, as where
 # namespaces are refused (for tests, and as an escape hatch).
 NO_NAMESPACE_ENV = "KERASFAST_LAUNCH_NO_NAMESPACE"
+# Each worker's environment says which attempt of the job it belongs to.
+ATTEMPT_ENV = "KERASFAST_LAUNCH_ATTEMPT"
+# Pause between a failed attempt and the next: long enough for a crashed
+# peer's sockets and a full disk's temporary files to clear, short against
+# any training run.
+RESTART_DELAY_S = 2.0
+# What `kerasfast.fit` prints when it resumes from a backup.
+_RESUMED = re.compile(r"kerasfast: resuming from .* at (epoch \d+, step \d+)")
 
 # The holder: makes the namespace, brings its loopback up, says "ready
 # <kind>" (or "error <reason>") and waits until its stdin closes, by which
@@ -411,10 +432,43 @@ class _Output:
                 self._broken = True
 
 
-def _pump(stream, prefix: str, out: _Output) -> None:
+def _pump(stream, prefix: str, out: _Output, on_line=None) -> None:
     for line in iter(stream.readline, ""):
         out.write(f"{prefix}{line}")
+        if on_line is not None:
+            on_line(line)
     stream.close()
+
+
+@dataclasses.dataclass
+class AttemptOutcome:
+    """How one attempt of a job ended.
+
+    Attributes:
+        code: The launcher's exit code for it (0, a failed worker's code,
+            128 + a worker's or the launcher's signal).
+        failed_worker: Index of the first worker that failed, or None.
+        worker_code: That worker's own return code (negative: killed by
+            that signal).
+        stop_signal: The signal that stopped the launcher, or None.
+        resumed_from: "epoch E, step S" when the workers resumed from a
+            backup in this attempt.
+        seconds: How long the attempt ran.
+    """
+
+    code: int
+    failed_worker: int | None = None
+    worker_code: int | None = None
+    stop_signal: int | None = None
+    resumed_from: str | None = None
+    seconds: float = 0.0
+
+    def describe(self) -> str:
+        if self.failed_worker is None:
+            return f"exit code {self.code}"
+        how = (f"killed by {signal.Signals(-self.worker_code).name}" if self.worker_code < 0
+               else f"exited with code {self.worker_code}")
+        return f"worker {self.failed_worker} {how} after {self.seconds:.1f} s"
 
 
 class _StopSignals:
@@ -456,7 +510,8 @@ def _is_loopback(host: str) -> bool:
 
 
 def launch(command: list[str], num_workers: int, *, port: int | None = None, host: str = "127.0.0.1",
-           env: dict | None = None, out=None, host_network: bool = False) -> int:
+           env: dict | None = None, out=None, host_network: bool = False, restarts: int = 0,
+           restart_delay_s: float = RESTART_DELAY_S) -> int:
     """Runs `command` as `num_workers` local workers and waits for them.
 
     Args:
@@ -473,11 +528,15 @@ def launch(command: list[str], num_workers: int, *, port: int | None = None, hos
             other machines, and be reached) instead of in a private network
             namespace with only loopback. Also what happens, with a line
             saying why, where no namespace can be made.
+        restarts: How many times a failed job is started again, whole
+            (module docstring); 0: never.
+        restart_delay_s: Seconds between a failed attempt and the next.
 
     Returns:
-        0 when every worker succeeded; else the exit code of the first
-        worker that failed (a worker killed by a signal counts as 128+N);
-        128+N when the launcher was stopped by signal N.
+        0 when every worker of an attempt succeeded; else the exit code of
+        the first worker that failed in the last attempt (a worker killed
+        by a signal counts as 128+N); 128+N when the launcher was stopped
+        by signal N.
 
     Raises:
         PlanError: When a requested port is in use (host network), or the
@@ -485,11 +544,13 @@ def launch(command: list[str], num_workers: int, *, port: int | None = None, hos
 
     Example:
 
-    >>> launch([sys.executable, "train.py"], num_workers=2)  # prints which network the workers use
+    >>> launch([sys.executable, "train.py"], num_workers=2, restarts=3)  # doctest: +SKIP
     0
     """
     if num_workers < 1:
         raise ValueError(f"num_workers={num_workers} must be >= 1.")
+    if restarts < 0 or isinstance(restarts, bool) or not isinstance(restarts, int):
+        raise ValueError(f"restarts={restarts!r} must be an int >= 0 (how many times a failed job starts again).")
     if not command:
         raise ValueError("no command to launch: pass it after --, e.g. kerasfast launch -n 2 -- python train.py")
     if not host_network and not _is_loopback(host):
@@ -527,59 +588,101 @@ def launch(command: list[str], num_workers: int, *, port: int | None = None, hos
         workers = [f"{host}:{p}" for p in ports]
         base_env = {**(os.environ if env is None else env), **(reservation.worker_env() if reservation else {}),
                     "PYTHONUNBUFFERED": "1"}
-        code = _run(command, workers, base_env, output, reservation, namespace)
-    return code
+        with _StopSignals() as signals:
+            return _run_attempts(command, workers, base_env, output, reservation, namespace, signals, restarts,
+                                 restart_delay_s)
 
 
-def _run(command, workers, base_env, output, reservation, namespace) -> int:
+def _run_attempts(command, workers, base_env, output, reservation, namespace, signals, restarts,
+                  restart_delay_s) -> int:
+    """Runs attempts of the job until one succeeds, is stopped, or `restarts` are spent."""
+    failures: list[AttemptOutcome] = []
+    attempts = restarts + 1
+    if reservation is not None and not reservation.shared:
+        reservation.release()
+    for attempt in range(1, attempts + 1):
+        if restarts:
+            output.write(f"[kerasfast launch] attempt {attempt} of {attempts}\n")
+        outcome = _run(command, workers, {**base_env, ATTEMPT_ENV: str(attempt)}, output, namespace, signals)
+        if outcome.resumed_from and restarts:
+            output.write(f"[kerasfast launch] attempt {attempt} resumed from {outcome.resumed_from}\n")
+        if outcome.code == 0 or outcome.stop_signal is not None:
+            return outcome.code
+        failures.append(outcome)
+        if attempt == attempts:
+            break
+        output.write(f"[kerasfast launch] attempt {attempt} failed ({outcome.describe()}); restarting the job in "
+                     f"{restart_delay_s:g} s ({attempts - attempt} restart(s) left)\n")
+        deadline = time.monotonic() + restart_delay_s
+        while time.monotonic() < deadline:
+            if signals.received:
+                stop_with = signals.received[0]
+                output.write(f"[kerasfast launch] received {signal.Signals(stop_with).name}; not restarting\n")
+                return 128 + stop_with
+            time.sleep(0.05)
+    if restarts:
+        history = "; ".join(f"attempt {i}: {f.describe()}"
+                            + (f", resumed from {f.resumed_from}" if f.resumed_from else "")
+                            for i, f in enumerate(failures, 1))
+        output.write(f"[kerasfast launch] giving up: {len(failures)} attempt(s) failed ({history})\n")
+    return failures[-1].code
+
+
+def _run(command, workers, base_env, output, namespace, signals) -> AttemptOutcome:
     """Starts the workers (in `namespace` when given) and waits for them, as `launch` says."""
     processes = []
     pumps = []
-    code = 0
-    stop_with, signals_seen = signal.SIGTERM, 0
-    with _StopSignals() as signals:
-        try:
-            if reservation is not None and not reservation.shared:
-                reservation.release()
-            for index in range(len(workers)):
-                if signals.received:
-                    break
-                worker_env = {**base_env, "TF_CONFIG": tf_config(workers, index)}
-                # Its own session, so that the worker and whatever it starts
-                # form one process group that can be signalled as a whole.
-                process = subprocess.Popen(namespace.command(command) if namespace else command, env=worker_env,
-                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                           errors="replace", start_new_session=True,
-                                           pass_fds=namespace.pass_fds if namespace else ())
-                processes.append(process)
-                pump = threading.Thread(target=_pump, args=(process.stdout, f"[worker {index}] ", output),
-                                        daemon=True)
-                pump.start()
-                pumps.append(pump)
-            while True:
-                if signals.received:
-                    stop_with, signals_seen = signals.received[0], len(signals.received)
-                    code = 128 + stop_with
-                    output.write(f"[kerasfast launch] received {signal.Signals(stop_with).name}; "
-                                 "stopping the workers\n")
-                    break
-                codes = [p.poll() for p in processes]
-                failures = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
-                if failures:
-                    index, failed = failures[0]
-                    code = failed if failed > 0 else 128 - failed
-                    output.write(f"[kerasfast launch] worker {index} exited with code {failed}; "
-                                 "stopping the others\n")
-                    break
-                if all(c == 0 for c in codes):
-                    break
-                time.sleep(0.1)
-        finally:
-            _stop(processes, stop_with, lambda: len(signals.received) > signals_seen)
-            deadline = time.monotonic() + OUTPUT_DRAIN_S
-            for pump in pumps:
-                pump.join(timeout=max(0.0, deadline - time.monotonic()))
-    return code
+    outcome = AttemptOutcome(code=0)
+    started = time.monotonic()
+    stop_with, signals_seen = signal.SIGTERM, len(signals.received)
+
+    def note_resume(line: str) -> None:
+        match = _RESUMED.search(line)
+        if match and outcome.resumed_from is None:
+            outcome.resumed_from = match.group(1)
+
+    try:
+        for index in range(len(workers)):
+            if signals.received:
+                break
+            worker_env = {**base_env, "TF_CONFIG": tf_config(workers, index)}
+            # Its own session, so that the worker and whatever it starts
+            # form one process group that can be signalled as a whole.
+            process = subprocess.Popen(namespace.command(command) if namespace else command, env=worker_env,
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                       errors="replace", start_new_session=True,
+                                       pass_fds=namespace.pass_fds if namespace else ())
+            processes.append(process)
+            pump = threading.Thread(target=_pump, args=(process.stdout, f"[worker {index}] ", output, note_resume),
+                                    daemon=True)
+            pump.start()
+            pumps.append(pump)
+        while True:
+            if signals.received:
+                stop_with, signals_seen = signals.received[0], len(signals.received)
+                outcome.code, outcome.stop_signal = 128 + stop_with, stop_with
+                output.write(f"[kerasfast launch] received {signal.Signals(stop_with).name}; "
+                             "stopping the workers\n")
+                break
+            codes = [p.poll() for p in processes]
+            failures = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+            if failures:
+                index, failed = failures[0]
+                outcome.code = failed if failed > 0 else 128 - failed
+                outcome.failed_worker, outcome.worker_code = index, failed
+                output.write(f"[kerasfast launch] worker {index} exited with code {failed}; "
+                             "stopping the others\n")
+                break
+            if all(c == 0 for c in codes):
+                break
+            time.sleep(0.1)
+    finally:
+        _stop(processes, stop_with, lambda: len(signals.received) > signals_seen)
+        deadline = time.monotonic() + OUTPUT_DRAIN_S
+        for pump in pumps:
+            pump.join(timeout=max(0.0, deadline - time.monotonic()))
+    outcome.seconds = time.monotonic() - started
+    return outcome
 
 
 def _signal_group(process, signum) -> None:

@@ -9,6 +9,10 @@ point, as a crashed machine would (KILL_EPOCH -1: after KILL_STEP executions
 of this process, wherever it resumed); with DELAY_MS, that many milliseconds
 later, from another thread (so the kill can land anywhere, in the middle of
 writing a backup included).
+
+Under `kerasfast launch --restarts`, the environment variable KILLS (JSON,
+{"ATTEMPT": [WORKER, EXECUTIONS, DELAY_MS], ...}) instead has worker WORKER
+of that attempt kill itself after EXECUTIONS executions, DELAY_MS later.
 """
 
 import json
@@ -22,6 +26,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 run_dir, strategy = pathlib.Path(sys.argv[1]), sys.argv[2]
 kill_at = (int(sys.argv[3]), int(sys.argv[4])) if len(sys.argv) > 4 else None
 kill_delay = float(sys.argv[5]) / 1000 if len(sys.argv) > 5 else 0.0
+kill_worker = 1 if strategy == "multi_worker" else 0
+planned = json.loads(os.environ.get("KILLS", "{}")).get(os.environ.get("KERASFAST_LAUNCH_ATTEMPT", ""))
+if planned:
+    kill_worker, kill_at, kill_delay = planned[0], (-1, planned[1]), planned[2] / 1000
 
 import kerasfast  # noqa: E402
 
@@ -50,7 +58,7 @@ class KillSelf(keras.callbacks.Callback):
         return (self.epoch, batch + 1) >= kill_at
 
     def on_train_batch_end(self, batch, logs=None):
-        if kill_at and index == (1 if strategy == "multi_worker" else 0) and self._due(batch):
+        if kill_at and index == kill_worker and self._due(batch):
             if kill_delay:
                 threading.Timer(kill_delay, os.kill, (os.getpid(), signal.SIGKILL)).start()
             else:
