@@ -18,7 +18,7 @@ def small_convnet(name="convnet"):
 
 
 def weights_equal(a, b, atol=0.0):
-    return all(np.allclose(x, y, atol=atol) for x, y in zip(a.get_weights(), b.get_weights()))
+    return all(np.allclose(x, y, atol=atol) for x, y in zip(a.get_weights(), b.get_weights(), strict=True))
 
 
 class TrainingProbe(keras.callbacks.Callback):
@@ -57,3 +57,18 @@ def replica_gap(model) -> float:
             values = [np.asarray(c.numpy(), dtype="float64") for c in copies]
             gap = max(gap, max(float(np.max(np.abs(v - values[0]))) for v in values))
     return gap
+
+
+def record_digests(dataset) -> list[str]:
+    """A SHA-1 digest of every example a batched `tf.data.Dataset` yields
+    (all its tensors' bytes for that row), in the order it yields them."""
+    import hashlib
+
+    import tensorflow as tf
+
+    digests = []
+    for batch in dataset:
+        leaves = [leaf.numpy() for leaf in tf.nest.flatten(batch)]
+        for row in range(len(leaves[0])):
+            digests.append(hashlib.sha1(b"".join(leaf[row].tobytes() for leaf in leaves)).hexdigest())
+    return digests

@@ -18,6 +18,7 @@ import kerasfast
 from kerasfast.distribute import cluster_from_env, resolve_strategy
 from kerasfast.distribute.launch import launch, tf_config
 from kerasfast.errors import PlanError
+from tests.helpers import record_digests
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "workers" / "matrix.py"
@@ -30,6 +31,13 @@ MATRIX = [
         ("float32", "mixed_bfloat16", "mixed_float16", "onednn_bfloat16"), (1, 4), (1, 8), (False, True))
     if not (precision == "onednn_bfloat16" and jit)  # refused: oneDNN's graph pass does not reach into XLA
 ]
+# Four workers run a pairwise covering of MATRIX: every value of each
+# dimension, and every pair of values of any two dimensions, in 8 of its 28
+# configurations (the full matrix takes 4x the time of two workers' on 2 cores).
+MATRIX_4 = [config for config in MATRIX if config["name"] in {
+    "float32-accum1-spe1-jit0", "float32-accum4-spe8-jit1", "mixed_bfloat16-accum4-spe1-jit1",
+    "mixed_bfloat16-accum1-spe8-jit0", "mixed_float16-accum1-spe8-jit1", "mixed_float16-accum4-spe1-jit0",
+    "onednn_bfloat16-accum4-spe8-jit0", "onednn_bfloat16-accum1-spe1-jit0"}]
 EQUIVALENCE = [{"name": "equivalence", "precision": "float32", "batch_size": 64, "epochs": 2, "shuffle": False,
                 "steps_per_execution": 1, "learning_rate": 0.5}]
 # float32 sums of the same gradients in another order (per-replica partial
@@ -38,14 +46,14 @@ EQUIVALENCE = [{"name": "equivalence", "precision": "float32", "batch_size": 64,
 EQUIVALENCE_ATOL = 1e-5
 
 
-def run_worker(out_dir, strategy, configs, timeout=900):
+def run_worker(out_dir, strategy, configs, timeout=900, workers=2):
     command = [sys.executable, str(WORKER), str(out_dir), strategy, json.dumps(configs)]
     if strategy == "multi_worker":
-        command = [sys.executable, "-m", "kerasfast.cli", "launch", "-n", "2", "--", *command]
+        command = [sys.executable, "-m", "kerasfast.cli", "launch", "-n", str(workers), "--", *command]
     done = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=timeout)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    workers = 2 if strategy == "multi_worker" else 1
-    return [json.loads((out_dir / f"results.worker{i}.json").read_text()) for i in range(workers)]
+    processes = workers if strategy == "multi_worker" else 1
+    return [json.loads((out_dir / f"results.worker{i}.json").read_text()) for i in range(processes)]
 
 
 def weights(out_dir, name, worker=0):
@@ -53,11 +61,11 @@ def weights(out_dir, name, worker=0):
         return [data[key] for key in sorted(data.files, key=lambda k: int(k.split("_")[1]))]
 
 
-def assert_matrix_trained(results, strategy):
-    for config in MATRIX:
+def assert_matrix_trained(results, strategy, matrix=MATRIX, replicas=2):
+    for config in matrix:
         outcome = results[config["name"]]
         assert "refused" not in outcome, f"{config['name']} was refused: {outcome}"
-        assert outcome["replicas"] == 2 and outcome["strategy"] == strategy
+        assert outcome["replicas"] == replicas and outcome["strategy"] == strategy
         assert outcome["loss"][-1] < outcome["loss"][0], f"{config['name']}: loss did not fall {outcome['loss']}"
 
 
@@ -75,8 +83,20 @@ def test_multi_worker_matrix_trains_with_identical_weights_on_both_workers(tmp_p
     assert chief == other  # same loss curves, logged on both workers
     assert_matrix_trained(chief, "multi_worker")
     for config in MATRIX:
-        for a, b in zip(weights(tmp_path, config["name"], 0), weights(tmp_path, config["name"], 1)):
+        for a, b in zip(weights(tmp_path, config["name"], 0), weights(tmp_path, config["name"], 1), strict=True):
             np.testing.assert_array_equal(a, b, err_msg=config["name"])
+
+
+@pytest.mark.slow
+def test_four_worker_matrix_trains_with_identical_weights_on_every_worker(tmp_path):
+    results = run_worker(tmp_path, "multi_worker", MATRIX_4, workers=4)
+    assert all(other == results[0] for other in results[1:])  # same loss curves, logged on every worker
+    assert_matrix_trained(results[0], "multi_worker", MATRIX_4, replicas=4)
+    for config in MATRIX_4:
+        chief = weights(tmp_path, config["name"], 0)
+        for worker in (1, 2, 3):
+            for a, b in zip(chief, weights(tmp_path, config["name"], worker), strict=True):
+                np.testing.assert_array_equal(a, b, err_msg=f"{config['name']}, worker {worker}")
 
 
 def _one_replica_reference(tmp_path):
@@ -95,26 +115,41 @@ def _one_replica_reference(tmp_path):
     return model.get_weights()
 
 
-@pytest.mark.parametrize("strategy", ["mirrored", "multi_worker"])
-def test_two_replicas_reach_the_weights_of_one_replica_at_the_same_global_batch(tmp_path, strategy):
-    results = run_worker(tmp_path, strategy, EQUIVALENCE)
-    assert results[0]["equivalence"]["replicas"] == 2
+@pytest.mark.parametrize("strategy, workers", [("mirrored", 1), ("multi_worker", 2), ("multi_worker", 4)])
+def test_several_replicas_reach_the_weights_of_one_replica_at_the_same_global_batch(tmp_path, strategy, workers):
+    results = run_worker(tmp_path, strategy, EQUIVALENCE, workers=workers)
+    assert results[0]["equivalence"]["replicas"] == max(workers, 2)
     reference = _one_replica_reference(tmp_path)
-    for a, b in zip(weights(tmp_path, "equivalence"), reference):
-        np.testing.assert_allclose(a, b, atol=EQUIVALENCE_ATOL)
+    for worker in range(workers):
+        for a, b in zip(weights(tmp_path, "equivalence", worker), reference, strict=True):
+            np.testing.assert_allclose(a, b, atol=EQUIVALENCE_ATOL)
 
 
-def test_multi_worker_training_from_tfrecords_shards_files_between_workers(tmp_path, digits):
+@pytest.mark.parametrize("workers, shards, sharding", [
+    (2, 4, "file"),
+    pytest.param(4, 4, "file", marks=pytest.mark.slow),
+    pytest.param(4, 2, "data", marks=pytest.mark.slow),  # fewer files than workers: each keeps 1 record in 4
+])
+def test_multi_worker_training_from_tfrecords_gives_each_worker_its_own_share(tmp_path, digits, workers, shards,
+                                                                                 sharding):
     (x, y), _ = digits
-    kerasfast.data.write_tfrecords((x, y), tmp_path / "records", shards=4)
-    command = [sys.executable, "-m", "kerasfast.cli", "launch", "-n", "2", "--", sys.executable,
+    kerasfast.data.write_tfrecords((x, y), tmp_path / "records", shards=shards)
+    command = [sys.executable, "-m", "kerasfast.cli", "launch", "-n", str(workers), "--", sys.executable,
                str(ROOT / "tests" / "workers" / "tfrecords.py"), str(tmp_path / "records"), str(tmp_path)]
     done = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:]
-    chief, other = (json.loads((tmp_path / f"worker{i}.json").read_text()) for i in range(2))
-    assert chief["strategy"] == "multi_worker"
-    assert chief["loss"] == other["loss"] and chief["loss"][-1] < chief["loss"][0]
-    assert chief["weights"] == other["weights"]
+    reports = [json.loads((tmp_path / f"worker{i}.json").read_text()) for i in range(workers)]
+    chief = reports[0]
+    assert chief["strategy"] == "multi_worker" and chief["replicas"] == workers
+    assert chief["loss"][-1] < chief["loss"][0]
+    for other in reports[1:]:
+        assert other["loss"] == chief["loss"] and other["weights"] == chief["weights"]
+    # Every record is read by exactly one worker.
+    assert {report["sharding"] for report in reports} == {sharding}
+    expected = sorted(record_digests(kerasfast.data.tfrecord_dataset(tmp_path / "records", batch_size=16,
+                                                                     shuffle=False)))
+    assert len(expected) == len(x)
+    assert sorted(digest for report in reports for digest in report["records"]) == expected
 
 
 def test_workers_with_different_plans_refuse_before_training():
