@@ -42,7 +42,7 @@ def main(argv=None):
     for width in args.widths:
         steps = STEPS.get(width, 24)
         (x, y), _ = gpt.corpus_arrays(files, SEQ_LEN, max_bytes=steps * BATCH * SEQ_LEN)
-        work = Workload(f"GPT d_model {width}", lambda: gpt.build_gpt(seq_len=SEQ_LEN, d_model=width, heads=4),
+        work = Workload(f"GPT d_model {width}", lambda width=width: gpt.build_gpt(seq_len=SEQ_LEN, d_model=width, heads=4),
                         x.astype("int32"), y.astype("int32"), BATCH, EPOCHS,
                         keras.losses.SparseCategoricalCrossentropy(from_logits=True), unit="tokens/s", scale=SEQ_LEN)
         keras_best, fast_best, result = side_by_side(work, args.repeats)

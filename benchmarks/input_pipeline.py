@@ -157,8 +157,8 @@ def main(argv=None) -> list:
                 rows.append({"pipeline": f"ceiling: plain Python read ({label})", "records_per_s":
                              res.num_records / seconds, "file_mb_per_s": nbytes / seconds / 1e6, "vs_naive": None,
                              "cpu_us_per_record": None, "cpu_vs_naive": None})
-            naive, fast = race(lambda: naive_image_dataset(res.files, comp, args.batch_size),
-                               lambda: kd.tfrecord_dataset(res.out_dir, batch_size=args.batch_size), args.passes)
+            naive, fast = race(lambda res=res, comp=comp: naive_image_dataset(res.files, comp, args.batch_size),
+                               lambda res=res: kd.tfrecord_dataset(res.out_dir, batch_size=args.batch_size), args.passes)
             add(f"naive images ({label})", naive, res.num_bytes, res.num_records, None)
             add(f"kerasfast images ({label})", fast, res.num_bytes, res.num_records, naive)
         naive, fast = race(lambda: naive_text_dataset(text.files, args.batch_size),

@@ -44,7 +44,6 @@ The run folder (`--out`, default `kerasfast_runs/text_classification`) holds
 
 from __future__ import annotations
 
-import os
 import pathlib
 import sysconfig
 

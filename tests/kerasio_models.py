@@ -589,7 +589,7 @@ class VAE(keras.Model):
             kl_loss = ops.mean(ops.sum(kl_loss, axis=1))
             total_loss = reconstruction_loss + kl_loss
         grads = tape.gradient(total_loss, self.trainable_weights)
-        self.optimizer.apply_gradients(zip(grads, self.trainable_weights))
+        self.optimizer.apply_gradients(zip(grads, self.trainable_weights, strict=True))
         self.total_loss_tracker.update_state(total_loss)
         self.reconstruction_loss_tracker.update_state(reconstruction_loss)
         self.kl_loss_tracker.update_state(kl_loss)
@@ -688,7 +688,7 @@ class GAN(keras.Model):
             predictions = self.discriminator(combined_images)
             d_loss = self.loss_fn(labels, predictions)
         grads = tape.gradient(d_loss, self.discriminator.trainable_weights)
-        self.d_optimizer.apply_gradients(zip(grads, self.discriminator.trainable_weights))
+        self.d_optimizer.apply_gradients(zip(grads, self.discriminator.trainable_weights, strict=True))
 
         # Sample random points in the latent space
         random_latent_vectors = keras.random.normal(
@@ -704,7 +704,7 @@ class GAN(keras.Model):
             predictions = self.discriminator(self.generator(random_latent_vectors))
             g_loss = self.loss_fn(misleading_labels, predictions)
         grads = tape.gradient(g_loss, self.generator.trainable_weights)
-        self.g_optimizer.apply_gradients(zip(grads, self.generator.trainable_weights))
+        self.g_optimizer.apply_gradients(zip(grads, self.generator.trainable_weights, strict=True))
 
         # Update metrics
         self.d_loss_metric.update_state(d_loss)

@@ -115,12 +115,12 @@ def test_schedules_and_2_4_mask_match_tfmot():
     reference = json.loads(output.strip().splitlines()[-1])
     poly = PolynomialDecay(0.1, 0.85, begin_step=5, end_step=205, power=3, frequency=20)
     const = ConstantSparsity(0.6, begin_step=3, end_step=-1, frequency=7)
-    for step, (tf_update, tf_sparsity) in zip(reference["steps"], reference["poly"]):
+    for step, (tf_update, tf_sparsity) in zip(reference["steps"], reference["poly"], strict=True):
         update, sparsity = poly(step)
         assert float(sparsity) == pytest.approx(tf_sparsity, abs=1e-6), step
         # Same firing steps, except that ours also fires at end_step (205).
         assert bool(update) == (tf_update or step == 205), step
-    for step, (tf_update, tf_sparsity) in zip(reference["steps"], reference["const"]):
+    for step, (tf_update, tf_sparsity) in zip(reference["steps"], reference["const"], strict=True):
         update, sparsity = const(step)
         assert (bool(update), float(sparsity)) == (tf_update, pytest.approx(tf_sparsity)), step
     weights = np.asarray(reference["weights"], dtype="float32")

@@ -48,7 +48,7 @@ print(json.dumps(codes))
 def contents(folder):
     """{label: x} of everything the folder reads as; a record read twice or lost shows."""
     ds = kd.tfrecord_dataset(str(folder), batch_size=64, shuffle=False)
-    pairs = [(int(y), float(x)) for xb, yb in ds for x, y in zip(xb.numpy(), yb.numpy())]
+    pairs = [(int(y), float(x)) for xb, yb in ds for x, y in zip(xb.numpy(), yb.numpy(), strict=True)]
     assert len(pairs) == len({p[0] for p in pairs}) == ds.kerasfast_info.num_records
     return dict(pairs)
 

@@ -165,7 +165,7 @@ def test_pruning_under_multi_worker_gives_identical_exact_masks(tmp_path):
     config = {"name": "pruned", "precision": "float32", "batch_size": 32, "epochs": 2, "prune": 0.5}
     chief, other = run_worker(tmp_path, "multi_worker", [config])
     assert "refused" not in chief["pruned"], chief
-    for a, b in zip(weights(tmp_path, "pruned", 0), weights(tmp_path, "pruned", 1)):
+    for a, b in zip(weights(tmp_path, "pruned", 0), weights(tmp_path, "pruned", 1), strict=True):
         np.testing.assert_array_equal(a, b)
     kernels = [w for w in weights(tmp_path, "pruned", 0) if w.ndim == 2]
     for kernel in kernels:  # exactly half of every Dense kernel is zero

@@ -1,7 +1,6 @@
 """Bad export input: a clear error and nothing written; failures are atomic."""
 
 import json
-import os
 import shutil
 
 import keras

@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 
 import kerasfast
-from kerasfast.errors import ModelError
 from tests.helpers import TrainingProbe, small_convnet
 
 FIT = dict(epochs=3, batch_size=64, run_dir=False, verbose=0, seed=0)
@@ -82,13 +81,13 @@ def test_model_kinds_train_in_place_for_the_user(digits, build, compiled):
     assert result.model is model
     assert counter.epochs_seen == 3 and counter.batches_seen >= 3
     if before is not None:
-        assert any(not np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
+        assert any(not np.array_equal(a, b) for a, b in zip(before, model.get_weights(), strict=True))
     # The user's object holds the trained weights: it predicts well on its own.
     assert _accuracy(model, digits) > 0.7
     _, (x_test, y_test) = digits
     evaluated = model.evaluate(x_test, y_test, verbose=0, return_dict=True)
     assert evaluated["accuracy"] > 0.7
-    for a, b in zip(model.get_weights(), result.train_model.get_weights()):
+    for a, b in zip(model.get_weights(), result.train_model.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
     assert keras.config.dtype_policy().name == "float32"
     assert result.history.history["loss"][-1] < result.history.history["loss"][0]

@@ -1,5 +1,6 @@
 """Memory and optimisation options of fit, each checked against real training."""
 
+import itertools
 import json
 import os
 import subprocess
@@ -37,13 +38,13 @@ def test_gradient_accumulation_equals_one_large_batch(digits):
     small = _dense_model()
     np.testing.assert_array_equal(large.get_weights()[0], small.get_weights()[0])
     # One optimizer per model, as Keras requires (an optimizer is built for one set of variables).
-    result_large = kerasfast.fit(large, (x, y), batch_size=64, optimizer=keras.optimizers.SGD(0.5), **common)
+    kerasfast.fit(large, (x, y), batch_size=64, optimizer=keras.optimizers.SGD(0.5), **common)
     result_small = kerasfast.fit(small, (x, y), batch_size=16, grad_accum_steps=4,
                                  optimizer=keras.optimizers.SGD(0.5), **common)
     assert result_small.plan.effective_batch_size == 64
     assert result_small.plan.reasons["effective_batch_size"].startswith("16 x 4")
     assert result_small.plan.learning_rate == pytest.approx(0.5)
-    for a, b in zip(large.get_weights(), small.get_weights()):
+    for a, b in zip(large.get_weights(), small.get_weights(), strict=True):
         np.testing.assert_allclose(a, b, atol=2e-5)
     # Without accumulation the small-batch run takes 4x the updates and lands elsewhere.
     plain = _dense_model()
@@ -72,7 +73,7 @@ def test_clipnorm_bounds_each_update(digits):
         before = [w.copy() for w in model.get_weights()]
         kerasfast.fit(model, (x, y), batch_size=64, epochs=1, loss=loss, optimizer=keras.optimizers.SGD(1.0),
                       precision="float32", clipnorm=clipnorm, **QUIET)
-        delta = [a - b for a, b in zip(model.get_weights(), before)]
+        delta = [a - b for a, b in zip(model.get_weights(), before, strict=True)]
         return float(np.sqrt(sum(np.sum(d**2) for d in delta)))
 
     unclipped = one_step(None)
@@ -158,8 +159,8 @@ def test_one_cycle_schedule_values_and_serialisation():
     assert values[0] == pytest.approx(0.1 / 25)
     assert max(values) == pytest.approx(0.1) and int(np.argmax(values)) == 30
     assert values[-1] == pytest.approx(0.1 / 1e4, rel=1e-3)
-    assert all(a <= b + 1e-9 for a, b in zip(values[:30], values[1:31]))  # rising
-    assert all(a >= b - 1e-9 for a, b in zip(values[30:], values[31:]))  # falling
+    assert all(a <= b + 1e-9 for a, b in itertools.pairwise(values[:31]))  # rising
+    assert all(a >= b - 1e-9 for a, b in itertools.pairwise(values[30:]))  # falling
     restored = keras.optimizers.schedules.deserialize(keras.optimizers.schedules.serialize(schedule))
     assert float(restored(42)) == pytest.approx(float(schedule(42)))
 

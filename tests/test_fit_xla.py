@@ -38,7 +38,7 @@ def test_jit_compile_true_is_refused_before_training_naming_the_op_and_layer():
     with pytest.raises(PlanError, match=r"XLA cannot compile op AsString \(in layer via_text\)") as refused:
         kerasfast.fit(model, x, y, jit_compile=True, run_dir=False, verbose=0)
     assert "jit_compile=False" in str(refused.value)
-    assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights()))  # nothing trained
+    assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights(), strict=True))  # nothing trained
 
 
 def test_without_xla_the_same_model_trains():

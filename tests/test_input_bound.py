@@ -3,8 +3,6 @@
 import json
 import time
 
-import keras
-import numpy as np
 import tensorflow as tf
 
 import kerasfast

@@ -46,7 +46,7 @@ def _snapshot(model):
 
 
 def _moved(before, after):
-    return any(not np.array_equal(a, b) for a, b in zip(before, after))
+    return any(not np.array_equal(a, b) for a, b in zip(before, after, strict=True))
 
 
 def _check_learned(who, history, expected, epochs, weights_before, weights_after):
@@ -92,7 +92,7 @@ def test_kerasfast_fit_learns_like_keras(name):
 
     model = build()
     initial = _snapshot(model)
-    assert all(np.array_equal(a, b) for a, b in zip(initial, keras_initial)), (
+    assert all(np.array_equal(a, b) for a, b in zip(initial, keras_initial, strict=True)), (
         "the two builds start from different weights; the comparison would not be fair"
     )
     kwargs = data()

@@ -198,7 +198,7 @@ def test_dict_inputs_of_a_functional_model_from_a_dataset():
 
     assert len(finding.learning_rates) >= 10 and len(finding.losses) == len(finding.learning_rates)
     assert finding.suggestion is not None, finding.reason
-    assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), weights))
+    assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), weights, strict=True))
     assert not model.compiled and not hasattr(model, "optimizer")  # left uncompiled, as given
 
 

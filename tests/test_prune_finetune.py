@@ -8,7 +8,6 @@ warm-up, cosine decay to zero over the fine-tune's own updates.
 import math
 
 import keras
-import numpy as np
 import pytest
 
 import kerasfast

@@ -101,7 +101,7 @@ def test_tabular_reads_a_csv_with_text_columns(tmp_path):
     city = rng.choice(["north", "south"], rows)
     price = 3 * size + np.where(city == "north", 150, 0) + rng.normal(0, 10, rows)
     csv = tmp_path / "houses.csv"
-    csv.write_text("size,city,price\n" + "\n".join(f"{s:.1f},{c},{p:.1f}" for s, c, p in zip(size, city, price)))
+    csv.write_text("size,city,price\n" + "\n".join(f"{s:.1f},{c},{p:.1f}" for s, c, p in zip(size, city, price, strict=True)))
 
     metrics = run_recipe("tabular", "--smoke", "--data", csv, "--label", "price", "--out", tmp_path / "run")
 

@@ -55,7 +55,7 @@ def test_fit_writes_a_self_contained_report(run):
     assert "<img" in html and 'src="http' not in html and "<script" not in html  # nothing fetched from elsewhere
     # The plan table: every field with its value and reason.
     plan = json.loads((folder / "plan.json").read_text())
-    for name, field in plan["fields"].items():
+    for name in plan["fields"]:
         assert f"<td>{name}</td>" in html
     assert "requested" in html and "AdamW" in html
     assert plan["fields"]["prune"]["reason"].split(",")[0] in html

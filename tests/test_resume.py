@@ -81,7 +81,7 @@ def test_two_worker_job_with_a_worker_killed_resumes_exactly(tmp_path):
     assert "[worker 0] kerasfast: resuming from" in resumed.stdout
     _assert_same_run(uninterrupted, interrupted, workers=2)
     # Identical weights on both workers, too.
-    for x, y in zip(_weights(interrupted, 0), _weights(interrupted, 1)):
+    for x, y in zip(_weights(interrupted, 0), _weights(interrupted, 1), strict=True):
         np.testing.assert_array_equal(x, y)
 
 

@@ -19,5 +19,5 @@ try:
                   precision="float32" if index == 0 else "mixed_bfloat16", run_dir=False, verbose=0)
 except kerasfast.PlanError as error:
     print(f"refused: {error}")
-    raise SystemExit(3)
+    raise SystemExit(3) from error
 print("trained")
