@@ -42,7 +42,8 @@ def parser(description: str, *, epochs: int, batch_size: int, out: str | None = 
     Flags: --epochs, --batch-size, --precision, --strategy, --jit, --prune
     (target sparsity, 0 = off), --export (write the pruned int8 TFLite and
     report), --out RUN_DIR, --smoke (tiny sizes, under a minute on 2 cores),
-    --data (the user's own data; each recipe says what it takes).
+    --data (the user's own data; each recipe says what it takes),
+    --data-service grpc://HOST:PORT (fit's `data_service=`).
     """
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--epochs", type=int, default=epochs)
@@ -58,6 +59,8 @@ def parser(description: str, *, epochs: int, batch_size: int, out: str | None = 
                         help="run folder")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: finishes in under a minute")
     parser.add_argument("--data", default=None, help="your own data instead of the built-in default")
+    parser.add_argument("--data-service", default=None, metavar="grpc://HOST:PORT",
+                        help="run the training input pipeline on a tf.data service (kerasfast data-service)")
     return parser
 
 
@@ -135,7 +138,11 @@ def export_and_report(model, out_dir, *, representative_data, eval_data, metrics
 def fit_options(args) -> dict:
     """The `kerasfast.fit` overrides the common flags ask for."""
     jit = {"auto": "auto", "on": True, "off": False}[args.jit]
-    return {"precision": args.precision, "strategy": args.strategy, "jit_compile": jit, "batch_size": args.batch_size}
+    options = {"precision": args.precision, "strategy": args.strategy, "jit_compile": jit,
+               "batch_size": args.batch_size}
+    if args.data_service:
+        options["data_service"] = args.data_service
+    return options
 
 
 def plot_history(history: dict, path: pathlib.Path, title: str) -> pathlib.Path:
