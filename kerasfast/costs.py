@@ -73,20 +73,13 @@ def forward_flops(model, input_shapes, input_dtypes=None) -> ForwardFlops | None
     ForwardFlops(total=18, by_op_type={'MatMul': 16, 'BiasAdd': 2})
     """
     import tensorflow as tf
-    from tensorflow.python.profiler import model_analyzer, option_builder
+
+    from kerasfast import _compat
 
     try:
         specs = _input_specs(input_shapes, input_dtypes, batch=1)
         graph = tf.function(lambda x: model(x, training=False)).get_concrete_function(specs).graph
-        options = option_builder.ProfileOptionBuilder.float_operation()
-        options["output"] = "none"
-        # The v1 profiler logs a deprecation warning per call; it is ours to ignore.
-        verbosity = tf.get_logger().level
-        tf.get_logger().setLevel("ERROR")
-        try:
-            profile = model_analyzer.profile(graph, options=options)
-        finally:
-            tf.get_logger().setLevel(verbosity)
+        profile = _compat.profile_float_operations(graph)
     except Exception:  # noqa: BLE001 - any tracing failure means "unknown", never a crash
         return None
     op_types = {op.name: op.type for op in graph.get_operations()}

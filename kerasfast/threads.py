@@ -11,11 +11,9 @@ from __future__ import annotations
 
 def runtime_started() -> bool:
     """Whether TensorFlow's runtime (and so its thread pools) already exists."""
-    from tensorflow.python.eager import context
+    from kerasfast import _compat
 
-    # The eager context gets its C handle when the first op or device
-    # placement runs; listing physical devices does not create it.
-    return context.context()._context_handle is not None
+    return _compat.runtime_started()
 
 
 def current_threads() -> tuple[int, int]:

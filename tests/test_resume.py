@@ -183,10 +183,10 @@ def test_backups_can_be_turned_off(digits, tmp_path):
 @pytest.mark.slow
 def test_plain_keras_multi_worker_fit_still_fails_upstream():
     """When this fails, Keras fixed multi-worker fit (keras issue 20585):
-    kerasfast/distribute/keras_compat.py can then be simplified."""
+    kerasfast/_compat.py can then be simplified."""
     done = _run(LAUNCH + [sys.executable, str(ROOT / "tests" / "workers" / "plain_keras_multi_worker.py")],
                 timeout=300)
-    assert done.returncode != 0, "plain Keras multi-worker fit now works upstream: simplify keras_compat"
+    assert done.returncode != 0, "plain Keras multi-worker fit now works upstream: simplify kerasfast/_compat.py"
     assert "plain keras multi-worker fit succeeded" not in done.stdout
 
 

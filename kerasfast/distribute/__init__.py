@@ -8,9 +8,8 @@ from kerasfast.distribute.strategy import (
     resolve_strategy,
     setup,
 )
-from kerasfast.distribute.steps import DistributedSteps
 
 __all__ = [
-    "ClusterSpec", "DistributedSteps", "Distribution", "cluster_from_env", "multi_worker_strategy",
+    "ClusterSpec", "Distribution", "cluster_from_env", "multi_worker_strategy",
     "resolve_strategy", "setup",
 ]

@@ -29,8 +29,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from kerasfast import costs, threads
-from kerasfast.distribute import DistributedSteps, keras_compat, resolve_strategy
+from kerasfast import _compat, costs, threads
+from kerasfast.distribute import resolve_strategy
 from kerasfast.distribute.consensus import check_same_plan, chief_value
 from kerasfast.distribute.failures import lost_peer_errors
 from kerasfast.errors import DataError, PlanError, RunFolderError
@@ -47,6 +47,7 @@ from kerasfast.training.loop import run_epochs, stream_factory
 from kerasfast.training.lr_finder import find_learning_rate, plot_finding
 from kerasfast.training.models import PreparedModel, copy_optimizer_state, copy_weights, prepare_model
 from kerasfast.training.session import borrowed
+from kerasfast.training.step_functions import StepFunctions
 from kerasfast.training.throughput import Throughput, ThroughputMeter, input_advice, samples_counter
 from kerasfast.training.xla import xla_problem
 
@@ -132,7 +133,7 @@ def _describe_pruning(config) -> str:
 
 
 def _jit_blockers(model) -> tuple[str, ...]:
-    return tuple(layer.name for layer in keras_compat.flatten_layers(model, include_self=True)
+    return tuple(layer.name for layer in _compat.flatten_layers(model, include_self=True)
                  if not getattr(layer, "supports_jit", True))
 
 
@@ -142,12 +143,6 @@ def _sample_shape(sample):
     shapes = tf.nest.map_structure(lambda t: tuple(t.shape[1:]), sample)
     dtypes = tf.nest.map_structure(lambda t: t.dtype, sample)
     return shapes, dtypes
-
-
-def _op_determinism() -> bool:
-    from tensorflow.python.framework.config import is_op_determinism_enabled
-
-    return is_op_determinism_enabled()
 
 
 def _check_run_arguments(epochs, initial_epoch, validation_freq, steps_per_epoch, validation_steps, resume) -> None:
@@ -236,10 +231,10 @@ def _start(overrides: Overrides, *, strategy, run_dir, backup_dir, backup_every,
 
 def _model_facts(model, train_data, optimizer) -> ModelFacts:
     """What the plan needs to know about the model and its compile settings."""
-    settings = keras_compat.compile_config(model)
+    settings = _compat.compile_config(model)
     user_optimizer = optimizer if optimizer is not None else (model.optimizer if model.compiled else None)
     template = keras.optimizers.get(user_optimizer) if isinstance(user_optimizer, str) else user_optimizer
-    own_step = keras_compat.overridden_step(model, "train_step")
+    own_step = _compat.overridden_step(model, "train_step")
     flops = None
     if own_step is None:
         shapes, dtypes = _sample_shape(train_data.sample_inputs)
@@ -249,7 +244,7 @@ def _model_facts(model, train_data, optimizer) -> ModelFacts:
         layers_without_jit=_jit_blockers(model),
         forward_flops_per_sample=flops.total if flops else None,
         depthwise_conv_flops=flops.by_op_type.get("DepthwiseConv2dNative", 0) if flops else 0,
-        recurrent_layers=tuple(layer.name for layer in keras_compat.flatten_layers(model, include_self=False)
+        recurrent_layers=tuple(layer.name for layer in _compat.flatten_layers(model, include_self=False)
                                if isinstance(layer, keras.layers.RNN)),
         user_optimizer=type(optimizers.unwrap(template)).__name__ if template is not None else None,
         user_learning_rate=optimizers.constant_learning_rate(template) if template is not None else None,
@@ -268,7 +263,7 @@ def _plan_run(start: _Start, overrides: Overrides, model_facts: ModelFacts, trai
     distribution = start.distribution
     run_facts = RunFacts(
         epochs=epochs, tf_runtime_started=start.runtime_started, current_intra_op_threads=start.threads[0],
-        current_inter_op_threads=start.threads[1], op_determinism=_op_determinism(),
+        current_inter_op_threads=start.threads[1], op_determinism=_compat.op_determinism_enabled(),
         user_batch_callbacks=_batch_callbacks(callbacks),
     )
 
@@ -511,7 +506,7 @@ def _compile_for_run(model, plan: Plan, *, loss, optimizer, metrics) -> None:
              if value is not None}
     if model.compiled and not given:
         return
-    own_compile = keras_compat.overridden_step(model, "compile")
+    own_compile = _compat.overridden_step(model, "compile")
     if own_compile is not None:
         if model.compiled:
             raise PlanError(
@@ -519,11 +514,11 @@ def _compile_for_run(model, plan: Plan, *, loss, optimizer, metrics) -> None:
                 "them to your compile() and call kerasfast.fit without them."
             )
         raise PlanError(f"{own_compile} must be called before kerasfast.fit (as before model.fit).")
-    settings = keras_compat.compile_config(model)
+    settings = _compat.compile_config(model)
     given_optimizer = given.get("optimizer")
     if isinstance(given_optimizer, keras.optimizers.Optimizer) and not given_optimizer.built \
             and tf.distribute.has_strategy() \
-            and getattr(given_optimizer, "_distribution_strategy", None) is not tf.distribute.get_strategy():
+            and _compat.optimizer_strategy(given_optimizer) is not tf.distribute.get_strategy():
         # An optimizer object made outside the strategy's scope cannot create
         # its variables there; unbuilt, it has no state to lose in a copy.
         given["optimizer"] = optimizers.copy_of(given_optimizer)
@@ -540,7 +535,7 @@ def _compile_for_run(model, plan: Plan, *, loss, optimizer, metrics) -> None:
 
 
 def _has_added_losses(model) -> bool:
-    return any(getattr(layer, "_losses", None) for layer in keras_compat.flatten_layers(model, include_self=True)) \
+    return any(getattr(layer, "_losses", None) for layer in _compat.flatten_layers(model, include_self=True)) \
         or bool(getattr(model, "losses", []))
 
 
@@ -565,7 +560,7 @@ def _build_state(model, plan: Plan, sample_batch) -> None:
                 f"model.{unbuilt[0]}.build(model.<sub_model>.trainable_variables)."
             )
         return
-    keras_compat.build_state(model, sample_batch)
+    _compat.build_state(model, sample_batch)
 
 
 def _train(model, plan: Plan, start: _Start, train_data, stream_from, *, epochs, initial_epoch, callbacks, verbose,
@@ -591,12 +586,12 @@ def _train(model, plan: Plan, start: _Start, train_data, stream_from, *, epochs,
                 scaler = optimizers.loss_scaling(model.optimizer, plan)
                 if scaler is not None:
                     scaler.build(model.trainable_variables)
-                keras_compat.detach_from_creation_strategy(model)
+                _compat.detach_from_creation_strategy(model)
                 model.steps_per_execution = plan.steps_per_execution
                 done = progress.batches_done(plan.steps_per_epoch) if progress and plan.steps_per_epoch else 0
-                steps = DistributedSteps.prepare(
+                steps = StepFunctions.prepare(
                     model, tf_strategy or tf.distribute.get_strategy(), plan, done, optimizer=scaler,
-                    own_test_step=keras_compat.overridden_step(model, "test_step") is not None)
+                    own_test_step=_compat.overridden_step(model, "test_step") is not None)
         meter = meter_factory(progress, steps.input_wait_seconds if steps is not None else None)
         guard = DivergenceGuard(**divergence, snapshot_every_steps=start.backup_every,
                                 grad_accum_steps=plan.grad_accum_steps, learning_rate=rate_control,
@@ -800,12 +795,12 @@ def fit(
                                            validation_freq, train_data, on_error)
 
     # Model.
-    own_steps = isinstance(model, keras.Model) and keras_compat.overridden_step(model, "train_step") is not None
+    own_steps = isinstance(model, keras.Model) and _compat.overridden_step(model, "train_step") is not None
     if isinstance(model, keras.Model) and not own_steps:
         check_inputs_match(model, train_data.sample_inputs)
     prepared: PreparedModel = prepare_model(model, train_data.sample_inputs, strategy=tf_strategy, own_steps=own_steps)
     train_model = prepared.train_model
-    if keras_compat.overridden_step(train_model, "train_step") is None:
+    if _compat.overridden_step(train_model, "train_step") is None:
         check_inputs_match(train_model, train_data.sample_inputs)
     model_facts = _model_facts(train_model, train_data, optimizer)
     fine_tune = None
@@ -918,7 +913,7 @@ def _validation_arguments(validation_data, batch_size, steps, freq, train_data, 
 
 def _compile_copy(clone, user_model, plan, *, loss, optimizer, metrics) -> None:
     """Compiles the strategy-scope copy of a model like the user's own."""
-    settings = keras_compat.compile_config(user_model)
+    settings = _compat.compile_config(user_model)
     given = {name: value for name, value in (("loss", loss), ("optimizer", optimizer), ("metrics", metrics))
              if value is not None}
     settings.update(given)

@@ -31,6 +31,7 @@ import math
 import keras
 import numpy as np
 
+from kerasfast import _compat
 from kerasfast.errors import DataError, TrainingError
 
 ON_NAN = ("recover", "stop", "ignore")
@@ -160,7 +161,7 @@ class DivergenceGuard(keras.callbacks.Callback):
         self._tracked = self._loss_tracker_state()
 
     def _loss_tracker_state(self):
-        tracker = getattr(self.model, "_loss_tracker", None)
+        tracker = _compat.loss_tracker(self.model)
         if tracker is None or len(tracker.variables) != 2:
             return None
         total, count = (float(keras.ops.convert_to_numpy(v)) for v in tracker.variables)

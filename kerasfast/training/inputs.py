@@ -24,7 +24,7 @@ import os
 
 import numpy as np
 
-from kerasfast.distribute import keras_compat
+from kerasfast import _compat
 from kerasfast.errors import DataError
 from kerasfast.plan import DataFacts
 
@@ -145,14 +145,14 @@ def split_validation(x, y, sample_weight, validation_split):
     if isinstance(validation_split, bool) or not isinstance(validation_split, (int, float)) \
             or not 0 <= validation_split < 1:
         raise DataError(f"validation_split={validation_split!r}: pass a fraction in [0, 1), e.g. 0.2.")
-    if not keras_compat.can_convert_arrays((x, y, sample_weight)) or isinstance(x, (str, os.PathLike)):
+    if not _compat.can_convert_arrays((x, y, sample_weight)) or isinstance(x, (str, os.PathLike)):
         raise DataError(
             f"validation_split= only works for arrays or tensors (Keras refuses it too), not a "
             f"{type(x).__name__}: pass validation_data= instead (e.g. a held-out dataset)."
         )
     x, y, sample_weight = (_arrays(part) if part is not None else None for part in (x, y, sample_weight))
     try:
-        return keras_compat.train_validation_split((x, y, sample_weight), validation_split)
+        return _compat.train_validation_split((x, y, sample_weight), validation_split)
     except ValueError as error:
         raise DataError(f"validation_split={validation_split}: {error}") from error
 
@@ -233,13 +233,13 @@ def _dataset(dataset, what: str, class_weight=None) -> PreparedData:
 def _from_adapter(x, class_weight, shuffle, what: str) -> PreparedData:
     """A `keras.utils.PyDataset` or a Python generator, through Keras's own adapter."""
     try:
-        adapter = keras_compat.data_adapter(x, class_weight=class_weight, shuffle=bool(shuffle))
+        adapter = _compat.data_adapter(x, class_weight=class_weight, shuffle=bool(shuffle))
     except ValueError as error:
         raise DataError(f"{what}: {error}") from error
-    first = keras_compat.first_batch(adapter)
+    first = _compat.first_batch(adapter)
     dataset = adapter.get_tf_dataset()
     steps = adapter.num_batches
-    first = keras_compat.tensors(first)
+    first = _compat.tensors(first)
     batch = _first_dim(_unpack(first)[0])
     kind = type(x).__name__
     facts = DataFacts(batch_size=batch, steps_per_epoch=steps)
@@ -325,7 +325,7 @@ def prepare_data(x, y=None, sample_weight=None, *, batch_size: int | None, class
     if isinstance(x, tf.data.Dataset):
         _no_arrays_beside(x, y, sample_weight, "a tf.data.Dataset")
         return _dataset(x, what, class_weight)
-    if keras_compat.can_convert_arrays((x, y, sample_weight)):
+    if _compat.can_convert_arrays((x, y, sample_weight)):
         return _from_arrays(x, y, sample_weight, class_weight, batch_size, shuffle, seed, what, repeat)
     if x is None:
         raise DataError(f"{what}: x is None; pass the training data (arrays, a tf.data.Dataset, a PyDataset, ...).")

@@ -28,7 +28,7 @@ import pathlib
 import keras
 import numpy as np
 
-from kerasfast.distribute import keras_compat
+from kerasfast import _compat
 from kerasfast.errors import ModelError, PlanError, RunFolderError
 from kerasfast.runs import replace_durably, write_json
 from kerasfast.training import optimizers
@@ -53,18 +53,6 @@ SEARCH_SPAN = 100.0
 PLOT_FILE = "lr_find.png"
 CURVE_FILE = "lr_find.json"
 _WHAT = "find_learning_rate data"
-
-# What `keras.Model.compile` (Keras 3.15) sets on a model, plus what training
-# sets; the test's own compile is undone by putting exactly these back.
-_COMPILE_STATE = (
-    "optimizer", "loss", "compiled", "stop_training", "steps_per_execution", "unrolled_steps_per_execution",
-    "train_function", "test_function", "predict_function", "_compile_loss", "_compile_metrics",
-    "_loss_tracker", "_compile_config", "_compiled_trainable_state", "_jit_compile", "_run_eagerly",
-)
-
-# TensorFlow's record of a model's checkpoint dependencies (a list and a dict).
-_DEPENDENCY_STATE = ("_self_unconditional_checkpoint_dependencies", "_self_unconditional_dependency_names")
-
 
 @dataclasses.dataclass(frozen=True)
 class LearningRateFinding:
@@ -244,13 +232,13 @@ def _compile_settings(model, loss, optimizer, min_lr: float) -> dict:
     """The `compile` arguments of the test: the model's own, with the given
     loss, a fresh optimizer at `min_lr` and no metrics (not needed, and it
     keeps the user's metric objects out of the test)."""
-    settings = keras_compat.compile_config(model)
-    if keras_compat.overridden_step(model, "compile") is not None and not model.compiled:
-        raise PlanError(f"{keras_compat.overridden_step(model, 'compile')} must be called before "
+    settings = _compat.compile_config(model)
+    if _compat.overridden_step(model, "compile") is not None and not model.compiled:
+        raise PlanError(f"{_compat.overridden_step(model, 'compile')} must be called before "
                         "find_learning_rate (as before model.fit).")
     if loss is not None:
         settings["loss"] = loss
-    if settings.get("loss") is None and keras_compat.overridden_step(model, "train_step") is None \
+    if settings.get("loss") is None and _compat.overridden_step(model, "train_step") is None \
             and not _has_added_losses(model):
         raise PlanError("no loss: the model is not compiled with one and find_learning_rate got no loss=. Pass loss= "
                         "(e.g. loss='sparse_categorical_crossentropy') or compile the model first.")
@@ -277,7 +265,7 @@ def _compile_settings(model, loss, optimizer, min_lr: float) -> dict:
 
 
 def _has_added_losses(model) -> bool:
-    return any(getattr(layer, "_losses", None) for layer in keras_compat.flatten_layers(model, include_self=True))
+    return any(getattr(layer, "_losses", None) for layer in _compat.flatten_layers(model, include_self=True))
 
 
 def _is_one_shot(x) -> bool:
@@ -301,16 +289,16 @@ def _borrowed(model, settings: dict, sample_batch):
     """Compiles `model` for the test inside the block; afterwards its compile
     settings, variables and metric values are exactly as before."""
     metric_values = _values(model.metrics_variables)
-    saved = {name: model.__dict__[name] for name in _COMPILE_STATE if name in model.__dict__}
+    saved = {name: model.__dict__[name] for name in _compat.COMPILE_STATE if name in model.__dict__}
     saved_dependencies = _compile_dependencies(model)
-    own_step = keras_compat.overridden_step(model, "train_step") is not None
+    own_step = _compat.overridden_step(model, "train_step") is not None
     values = []
     try:
         # Keras's own compile even for a model overriding it: the test only
         # swaps in its loss and optimizer; a custom compile's extras stay.
         keras.Model.compile(model, **settings)
         model.__dict__["_compile_metrics"] = None  # compile keeps the old ones when given none
-        keras_compat.build_state(model, sample_batch)
+        _compat.build_state(model, sample_batch)
         variables = list(model.variables)
         if own_step:
             # A custom train_step may train optimizers of its own.
@@ -320,7 +308,7 @@ def _borrowed(model, settings: dict, sample_batch):
         values = _values(variables)
         yield
     finally:
-        for name in _COMPILE_STATE:
+        for name in _compat.COMPILE_STATE:
             if name in saved:
                 model.__dict__[name] = saved[name]
             else:
@@ -334,24 +322,24 @@ def _compile_dependencies(model) -> tuple[list, dict]:
     """TensorFlow's checkpoint dependencies of `model` named like compile
     state: compile records the optimizer there, and a later
     `tf.train.Checkpoint(model=...)` would save the test's copy."""
-    references = model.__dict__.get(_DEPENDENCY_STATE[0]) or []
-    names = model.__dict__.get(_DEPENDENCY_STATE[1]) or {}
-    return ([reference for reference in references if reference.name in _COMPILE_STATE],
-            {name: value for name, value in names.items() if name in _COMPILE_STATE})
+    references = model.__dict__.get(_compat.CHECKPOINT_DEPENDENCY_STATE[0]) or []
+    names = model.__dict__.get(_compat.CHECKPOINT_DEPENDENCY_STATE[1]) or {}
+    return ([reference for reference in references if reference.name in _compat.COMPILE_STATE],
+            {name: value for name, value in names.items() if name in _compat.COMPILE_STATE})
 
 
 def _restore_compile_dependencies(model, saved: tuple[list, dict]) -> None:
     """Puts back the compile-state dependencies only: any other ones (e.g.
     variables a subclassed model's build created during the test) stay."""
-    references, names = model.__dict__.get(_DEPENDENCY_STATE[0]), model.__dict__.get(_DEPENDENCY_STATE[1])
+    references, names = model.__dict__.get(_compat.CHECKPOINT_DEPENDENCY_STATE[0]), model.__dict__.get(_compat.CHECKPOINT_DEPENDENCY_STATE[1])
     saved_references, saved_names = saved
     if references is not None:
         old = {reference.name: reference for reference in saved_references}
-        kept = [old.pop(reference.name, None) if reference.name in _COMPILE_STATE else reference
+        kept = [old.pop(reference.name, None) if reference.name in _compat.COMPILE_STATE else reference
                 for reference in references]
         references[:] = [reference for reference in kept if reference is not None] + list(old.values())
     if names is not None:
-        for name in [name for name in names if name in _COMPILE_STATE]:
+        for name in [name for name in names if name in _compat.COMPILE_STATE]:
             del names[name]
         names.update(saved_names)
 

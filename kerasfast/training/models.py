@@ -14,6 +14,7 @@ import dataclasses
 
 import keras
 
+from kerasfast import _compat
 from kerasfast.errors import DataError, ModelError
 
 FLOAT_POLICIES = ("float32", "float16", "bfloat16", "float64", "mixed_float16", "mixed_bfloat16")
@@ -49,16 +50,15 @@ def _output_layer_names(model) -> set[str]:
     outputs = getattr(model, "outputs", None) or []
     names = set()
     for tensor in keras.tree.flatten(outputs):
-        history = getattr(tensor, "_keras_history", None)
-        if history is not None:
-            names.add(history.operation.name)
+        name = _compat.producing_layer_name(tensor)
+        if name is not None:
+            names.add(name)
     return names
 
 
 def _is_graph_model(model) -> bool:
     """Sequential and functional models have a config made of their layers."""
-    return isinstance(model, keras.Sequential) or getattr(model, "_is_graph_network", False) or \
-        type(model).__name__ == "Functional"
+    return isinstance(model, keras.Sequential) or _compat.is_plain_functional(model)
 
 
 def clone_under(model, policy: str, remat: str | None = None):
@@ -129,7 +129,7 @@ def copy_weights(source, target) -> None:
 def _functional_models(model) -> list:
     """`model` and every Sequential / functional model nested in it."""
     found = [model] if _is_graph_model(model) else []
-    for layer in model._flatten_layers(include_self=False):
+    for layer in _compat.flatten_layers(model):
         if isinstance(layer, keras.Model) and _is_graph_model(layer):
             found.append(layer)
     return found
@@ -141,7 +141,7 @@ def _kept_in_float32(model) -> set[int]:
     kept = set()
     for graph in _functional_models(model):
         names = _output_layer_names(graph)
-        kept.update(id(layer) for layer in graph._flatten_layers(include_self=False) if layer.name in names)
+        kept.update(id(layer) for layer in _compat.flatten_layers(graph) if layer.name in names)
     return kept
 
 
@@ -168,28 +168,26 @@ def computing_in(model, policy: str, remat: str | None = None):
     >>> model.layers[0].compute_dtype
     'float32'
     """
-    from kerasfast.distribute import keras_compat
-
     kept = _kept_in_float32(model) if policy.startswith("mixed_") else set()
-    mode = keras_compat.remat_mode(remat) if remat else None
+    mode = _compat.remat_mode(remat) if remat else None
     saved = []
-    for layer in model._flatten_layers(include_self=False):
+    for layer in _compat.flatten_layers(model):
         current = getattr(layer, "dtype_policy", None)
         if current is None or current.name not in FLOAT_POLICIES:
             continue  # quantised layers and policy maps keep theirs
-        saved.append((layer, current, keras_compat.get_remat(layer)))
+        saved.append((layer, current, _compat.get_remat(layer)))
         wanted = "float32" if id(layer) in kept else policy
         if wanted != current.name:
             layer.dtype_policy = wanted
         if mode is not None and not isinstance(layer, keras.Model) and layer.weights:
-            keras_compat.set_remat(layer, mode)
+            _compat.set_remat(layer, mode)
     try:
         yield
     finally:
         for layer, policy_before, remat_before in saved:
             if layer.dtype_policy is not policy_before:
                 layer.dtype_policy = policy_before
-            keras_compat.set_remat(layer, remat_before)
+            _compat.set_remat(layer, remat_before)
 
 
 def copy_optimizer_state(source, target) -> None:
@@ -288,9 +286,7 @@ def prepare_model(model_or_builder, sample_inputs, *, strategy=None, own_steps: 
 
 
 def _overrides_train_step(model) -> bool:
-    from kerasfast.distribute import keras_compat
-
-    return keras_compat.overridden_step(model, "train_step") is not None
+    return _compat.overridden_step(model, "train_step") is not None
 
 
 def _ensure_built(model, sample_inputs) -> None:

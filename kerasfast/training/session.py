@@ -24,10 +24,10 @@ import contextlib
 
 import keras
 
-from kerasfast.distribute import keras_compat
+from kerasfast import _compat
 from kerasfast.training.schedules import ScaledSchedule
 
-# Set by `DistributedSteps.install()` (the functions) and read by Keras's fit.
+# Set by `StepFunctions.install()` (the functions) and read by Keras's fit.
 _INSTALLED = ("train_function", "test_function", "make_train_function", "make_test_function")
 
 
@@ -37,7 +37,7 @@ def model_attributes_restored(model):
     creation strategy and `stop_training` on leaving the block."""
     saved = {name: model.__dict__[name] for name in _INSTALLED if name in model.__dict__}
     steps_per_execution = model.steps_per_execution
-    strategy = keras_compat.creation_strategy(model)
+    strategy = _compat.creation_strategy(model)
     try:
         yield
     finally:
@@ -47,8 +47,8 @@ def model_attributes_restored(model):
             elif name in model.__dict__:
                 del model.__dict__[name]
         model.steps_per_execution = steps_per_execution
-        if not keras_compat.is_multi_worker(strategy):
-            keras_compat.attach_strategy(model, strategy)
+        if not _compat.is_multi_worker(strategy):
+            _compat.attach_strategy(model, strategy)
         model.stop_training = False
 
 

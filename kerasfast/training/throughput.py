@@ -65,7 +65,7 @@ class ThroughputMeter(keras.callbacks.Callback):
         first_step: Steps of the first epoch already done before this run
             (a resumed run).
         input_wait_seconds: `f()` returning the seconds the train steps have
-            waited for input so far (see `DistributedSteps`), or None.
+            waited for input so far (see `StepFunctions`), or None.
 
     Example:
 

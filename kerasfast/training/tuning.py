@@ -28,6 +28,8 @@ import time
 import keras
 import numpy as np
 
+from kerasfast import _compat
+
 TUNE_MODES = ("auto", "off", "full")
 # Tuning may spend this share of the planned run's estimated time, at most
 # `MAX_BUDGET_S`; a run too short to give a candidate `MIN_CANDIDATE_S` is not tuned.
@@ -74,7 +76,7 @@ def cache_key(model, sample_inputs, plan, hardware) -> str:
     """A digest of what decides the fastest plan (not the weights)."""
     structure = [type(model).__qualname__] + [
         (type(layer).__qualname__, _unnamed(_config(layer)), [list(v.shape) for v in layer.weights])
-        for layer in model._flatten_layers(include_self=False, recursive=True)
+        for layer in _compat.flatten_layers(model)
     ]
     spec = keras.tree.map_structure(lambda t: [list(t.shape), str(t.dtype)], sample_inputs)
     import tensorflow as tf
@@ -259,8 +261,7 @@ def _measure(model, plan, strategy, batches, samples_per_step, functions, index,
     Runs for `MEASURE_S`, or `fixed_executions` executions when every worker
     must run the same number (each execution holds collectives).
     """
-    from kerasfast.distribute import keras_compat
-    from kerasfast.distribute.steps import DistributedSteps
+    from kerasfast.training.step_functions import StepFunctions
     from kerasfast.training import optimizers
     from kerasfast.training.session import borrowed
 
@@ -269,8 +270,8 @@ def _measure(model, plan, strategy, batches, samples_per_step, functions, index,
             scaler = optimizers.loss_scaling(model.optimizer, plan)
             if scaler is not None:
                 scaler.build(model.trainable_variables)
-            keras_compat.detach_from_creation_strategy(model)
-            steps = DistributedSteps(model, strategy, steps_per_execution=plan.steps_per_execution,
+            _compat.detach_from_creation_strategy(model)
+            steps = StepFunctions(model, strategy, steps_per_execution=plan.steps_per_execution,
                                      grad_accum_steps=plan.grad_accum_steps, jit_compile=plan.jit_compile,
                                      optimizer=scaler)
             functions[index] = steps.train_function()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+from kerasfast import _compat
+
 _UNSUPPORTED = re.compile(r"No registered '(\w+)' OpKernel for XLA\w* devices compatible with node \{\{node ([^}]+)\}\}")
 
 
@@ -44,7 +46,7 @@ def xla_problem(model, sample_inputs) -> str | None:
 
 def _layer_of(node: str, model) -> str | None:
     """The layer name in a node path such as `sequential_1/odd_1/AsString`."""
-    names = {layer.name for layer in model._flatten_layers(include_self=False)}
+    names = {layer.name for layer in _compat.flatten_layers(model)}
     parts = node.split("/")[:-1]
     for part in reversed(parts):
         if part in names:

@@ -2,7 +2,7 @@
 
 Keras 3.15 fails here (keras issue 20585); tests/test_resume.py checks that
 it still does, so that we notice when upstream fixes it and
-kerasfast/distribute/keras_compat.py can shrink.
+kerasfast/_compat.py can shrink.
 """
 
 import os

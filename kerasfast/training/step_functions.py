@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import keras
 
-from kerasfast.distribute import keras_compat
+from kerasfast import _compat
 
 
 def _unpack(data):
@@ -75,7 +75,7 @@ def _repeating_block(apply_after: tuple[bool, ...]) -> tuple[tuple[bool, ...], i
     return apply_after, 1
 
 
-class DistributedSteps:
+class StepFunctions:
     """Builds and installs the train/test functions on a compiled model.
 
     Args:
@@ -119,7 +119,7 @@ class DistributedSteps:
 
         model = self.model
         with tf.GradientTape() as tape:
-            if keras_compat.call_has_training_arg(model):
+            if _compat.call_has_training_arg(model):
                 y_pred = model(x, training=True)
             else:
                 y_pred = model(x)
@@ -135,10 +135,8 @@ class DistributedSteps:
         return loss, y_pred, gradients
 
     def _track(self, x, y, y_pred, sample_weight, loss):
-        from keras.src.losses.loss import unscale_loss_for_distribution
-
-        keras_compat.loss_tracker(self.model).update_state(
-            unscale_loss_for_distribution(loss), sample_weight=_batch_size(x)
+        _compat.loss_tracker(self.model).update_state(
+            _compat.unscale_loss_for_distribution(loss), sample_weight=_batch_size(x)
         )
         return self.model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
@@ -311,7 +309,7 @@ class DistributedSteps:
 
         def replica_step(data):
             x, y, sample_weight = _unpack(data)
-            y_pred = model(x, training=False) if keras_compat.call_has_training_arg(model) else model(x)
+            y_pred = model(x, training=False) if _compat.call_has_training_arg(model) else model(x)
             loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False)
             return self._track(x, y, y_pred, sample_weight, loss)
 
@@ -373,9 +371,9 @@ class DistributedSteps:
 
     @classmethod
     def prepare(cls, model, strategy, plan, micro_steps_done: int = 0, *, optimizer=None,
-                own_test_step: bool = False) -> "DistributedSteps":
+                own_test_step: bool = False) -> "StepFunctions":
         """Installs the steps on a compiled model whose state was built under
-        `strategy` (`keras_compat.build_state`).
+        `strategy` (`_compat.build_state`).
 
         Args:
             micro_steps_done: Train steps already run (a resumed run).

@@ -1,0 +1,286 @@
+"""Every private Keras and TensorFlow access of kerasfast, behind one door.
+
+kerasfast reaches into Keras and TensorFlow only here. Each function says
+what it touches and why no public API serves; all were checked on Keras
+3.15 and TensorFlow 2.21 (`TESTED_KERAS`, `TESTED_TENSORFLOW`), the range
+pyproject.toml pins. Those that change what Keras does (the distributed
+build) refuse other versions; `tests/test_compat.py` has a test per
+internal that fails when upstream changes it, to tell us.
+
+Why the distributed build is here: Keras 3.15's TensorFlow trainer fails
+under MultiWorkerMirroredStrategy in `_maybe_symbolic_build` (it reduces a
+tuple of PerReplica batches with `strategy.reduce("MEAN", ...)`, keras issue
+20585). kerasfast builds every piece of state itself under the strategy's
+scope, then detaches the model from the strategy it was created under so
+that Keras skips that build, and runs `fit` inside the strategy's scope so
+that Keras still distributes the data.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import keras
+
+TESTED_KERAS = ("3.15",)
+TESTED_TENSORFLOW = ("2.21",)
+
+# What `keras.Model.compile` (Keras 3.15) sets on a model, plus what training
+# sets: undoing a compile means putting exactly these back.
+COMPILE_STATE = (
+    "optimizer", "loss", "compiled", "stop_training", "steps_per_execution", "unrolled_steps_per_execution",
+    "train_function", "test_function", "predict_function", "_compile_loss", "_compile_metrics",
+    "_loss_tracker", "_compile_config", "_compiled_trainable_state", "_jit_compile", "_run_eagerly",
+)
+# TensorFlow's record of a trackable's checkpoint dependencies (a list and a dict).
+CHECKPOINT_DEPENDENCY_STATE = ("_self_unconditional_checkpoint_dependencies",
+                               "_self_unconditional_dependency_names")
+
+
+def version_supported(version: str, tested: tuple[str, ...]) -> bool:
+    """Whether `version` ("3.15.1") is in one of the `tested` release lines ("3.15")."""
+    return any(version == line or version.startswith(line + ".") for line in tested)
+
+
+@functools.cache
+def check_versions() -> None:
+    """Raises when the installed Keras or TensorFlow is not one these internals were checked on."""
+    import tensorflow as tf
+
+    for name, version, tested, pin in (("Keras", keras.__version__, TESTED_KERAS, "keras>=3.15,<3.16"),
+                                       ("TensorFlow", tf.__version__, TESTED_TENSORFLOW, "tensorflow>=2.21,<2.22")):
+        if not version_supported(version, tested):
+            raise RuntimeError(
+                f"kerasfast's distributed training was verified with {name} {', '.join(tested)}.x, not {version}: "
+                f"install {pin} (see pyproject.toml)."
+            )
+
+
+# --- Keras: model state -------------------------------------------------------------------------------
+
+
+def build_state(model, sample_batch) -> None:
+    """Creates model, loss, metric and optimizer state (call under the strategy's scope).
+
+    `Model._symbolic_build` is what Keras's own `fit` calls first; it has no
+    public name.
+    """
+    check_versions()
+    model._symbolic_build(data_batch=sample_batch)
+    if model.optimizer is not None and not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+
+
+def detach_from_creation_strategy(model) -> None:
+    """Makes Keras take the strategy from the surrounding scope instead of the
+    one the model was created under, which skips the failing symbolic build."""
+    check_versions()
+    model._distribute_strategy = None
+
+
+def attach_strategy(model, strategy) -> None:
+    """Puts back the strategy a model was created under (see `detach_from_creation_strategy`)."""
+    model._distribute_strategy = strategy
+
+
+def creation_strategy(model):
+    """The tf.distribute strategy `model` was created under, or None."""
+    return getattr(model, "_distribute_strategy", None)
+
+
+def optimizer_strategy(optimizer):
+    """The tf.distribute strategy in scope when an optimizer was created (its variables go there), or None."""
+    return getattr(optimizer, "_distribution_strategy", None)
+
+
+def loss_tracker(model):
+    """The `Mean` metric behind the "loss" entry of Keras's logs (None before `compile`)."""
+    return getattr(model, "_loss_tracker", None)
+
+
+def unscale_loss_for_distribution(loss):
+    """Undoes Keras's division of the loss by the number of replicas, for logging it."""
+    from keras.src.losses.loss import unscale_loss_for_distribution as unscale
+
+    return unscale(loss)
+
+
+def call_has_training_arg(model) -> bool:
+    """Whether the model's `call` takes a `training` argument."""
+    return model._call_has_training_arg
+
+
+def overridden_step(model, method: str) -> str | None:
+    """`"Class.method"` when a class of the user's overrides one of Keras's
+    trainer methods (`train_step`, `test_step`, ...), else None."""
+    for cls in type(model).__mro__:
+        if method in cls.__dict__:
+            if cls.__module__.split(".")[0] == "keras":
+                return None
+            return f"{cls.__name__}.{method}"
+    return None
+
+
+def compile_config(model) -> dict:
+    """The arguments the user passed to `model.compile` (unserialised), or {}.
+
+    Keras keeps the original objects here; the public `get_compile_config()`
+    would lose custom, unregistered losses.
+    """
+    if not isinstance(model, keras.Model) or not model.compiled:
+        return {}
+    config = getattr(getattr(model, "_compile_config", None), "config", None)
+    if config is None:
+        return {"optimizer": model.optimizer, "loss": getattr(model, "loss", None)}
+    return dict(config)
+
+
+# --- Keras: layers and graphs ---------------------------------------------------------------------------
+
+
+def flatten_layers(model, include_self: bool = False, recursive: bool = True) -> list:
+    """Every layer inside `model`, nested ones included (Keras's own walk,
+    the one its weights and serialisation follow; `model.layers` is only the
+    top level)."""
+    return list(model._flatten_layers(include_self=include_self, recursive=recursive))
+
+
+def producing_layer_name(tensor) -> str | None:
+    """The name of the layer whose output a symbolic Keras tensor is, or None."""
+    history = getattr(tensor, "_keras_history", None)
+    return history.operation.name if history is not None else None
+
+
+def is_plain_functional(model) -> bool:
+    """Whether `model` is exactly what `keras.Model(inputs, outputs)` returns.
+
+    Keras has no public name for that class; a subclass of `keras.Model`
+    built with inputs and outputs is a subclass of it too, with an
+    `__init__` (and so a config) of its own, and does not count.
+    """
+    from keras.src.models.functional import Functional
+
+    return type(model) is Functional
+
+
+def remat_mode(mode: str):
+    """The object Keras stores on a layer created inside `RematScope(mode)`."""
+    from keras.src.backend.common.remat import get_current_remat_mode
+
+    with keras.RematScope(mode=mode):
+        return get_current_remat_mode()
+
+
+def get_remat(layer):
+    """The remat mode a layer was created with (None: none)."""
+    return getattr(layer, "_remat_mode", None)
+
+
+def set_remat(layer, mode) -> None:
+    layer._remat_mode = mode
+
+
+# --- Keras: data ---------------------------------------------------------------------------------------
+
+
+def train_validation_split(arrays, validation_split: float):
+    """Keras's own split: the last `validation_split` of the samples, before shuffling."""
+    from keras.src.trainers.data_adapters import array_slicing
+
+    return array_slicing.train_validation_split(arrays, validation_split=validation_split)
+
+
+def can_convert_arrays(structure) -> bool:
+    """Whether Keras's fit would take `structure` as in-memory arrays."""
+    from keras.src.trainers.data_adapters import array_data_adapter
+
+    return array_data_adapter.can_convert_arrays(structure)
+
+
+def data_adapter(x, *, class_weight=None, shuffle=False, steps_per_epoch=None):
+    """Keras's adapter for a `PyDataset` or a Python generator."""
+    from keras.src.trainers.data_adapters import get_data_adapter
+
+    return get_data_adapter(x, class_weight=class_weight, shuffle=shuffle, steps_per_epoch=steps_per_epoch)
+
+
+def first_batch(adapter):
+    """The first batch of a Keras `PyDataset` or generator adapter, without consuming it."""
+    batches = getattr(adapter, "_first_batches", None)  # generators: peeked and put back by Keras
+    if batches:
+        return batches[0]
+    return adapter.py_dataset[0]  # a PyDataset is indexable
+
+
+def tensors(structure):
+    """A batch as tensors (lists made tuples, as Keras's adapters yield them)."""
+    import tensorflow as tf
+
+    return keras.tree.map_structure(tf.convert_to_tensor, keras.tree.lists_to_tuples(structure))
+
+
+# --- Keras: export ---------------------------------------------------------------------------------------
+
+
+def patch_tf2onnx() -> None:
+    """Keras's fix-up of tf2onnx 1.17 for NumPy 2, as its own `model.export(format="onnx")` applies it."""
+    try:
+        from keras.src.export.tf2onnx_lib import patch_tf2onnx as patch
+    except ImportError:  # a Keras without it: nothing to patch
+        return
+    patch()
+
+
+# --- TensorFlow -------------------------------------------------------------------------------------------
+
+
+def runtime_started() -> bool:
+    """Whether TensorFlow's runtime (and so its thread pools) already exists.
+
+    The eager context gets its C handle when the first op or device
+    placement runs; listing physical devices does not create it. No public
+    API tells.
+    """
+    from tensorflow.python.eager import context
+
+    return context.context()._context_handle is not None
+
+
+def op_determinism_enabled() -> bool:
+    """Whether `tf.config.experimental.enable_op_determinism()` is on (TF has no public getter)."""
+    from tensorflow.python.framework.config import is_op_determinism_enabled
+
+    return is_op_determinism_enabled()
+
+
+def profile_float_operations(graph):
+    """TensorFlow's (v1) profiler's count of the floating-point operations
+    in a `tf.Graph`: a tree of nodes with `name`, `float_ops`, `children`
+    and the root's `total_float_ops`. TF2 has no public FLOP counter."""
+    import tensorflow as tf
+    from tensorflow.python.profiler import model_analyzer, option_builder
+
+    options = option_builder.ProfileOptionBuilder.float_operation()
+    options["output"] = "none"
+    # The v1 profiler logs a deprecation warning per call; it is ours to ignore.
+    verbosity = tf.get_logger().level
+    tf.get_logger().setLevel("ERROR")
+    try:
+        profile = model_analyzer.profile(graph, options=options)
+    finally:
+        tf.get_logger().setLevel(verbosity)
+    return profile
+
+
+def freeze(concrete_function):
+    """A concrete function with its variables folded into constants (TF's own freezing)."""
+    from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+
+    return convert_variables_to_constants_v2(concrete_function)
+
+
+def is_multi_worker(strategy) -> bool:
+    """Whether `strategy` is a MultiWorkerMirroredStrategy, the one keras issue 20585 breaks."""
+    import tensorflow as tf
+
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
