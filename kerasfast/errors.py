@@ -44,3 +44,9 @@ class TrainingError(KerasfastError, RuntimeError):
 class ReportError(KerasfastError, ValueError):
     """A run report that cannot be made: a folder without the files it is
     made from (the message names the missing file and how to get it)."""
+
+
+class LostWorkerError(KerasfastError, RuntimeError):
+    """A worker of a multi-worker job stopped answering (killed, crashed,
+    unreachable): the job cannot go on without it; restarting every worker
+    resumes from the last backup (`kerasfast launch --restarts`)."""

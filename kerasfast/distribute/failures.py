@@ -11,11 +11,7 @@ from __future__ import annotations
 import contextlib
 import re
 
-from kerasfast.errors import KerasfastError
-
-
-class LostWorkerError(KerasfastError, RuntimeError):
-    """A worker of a multi-worker job stopped answering."""
+from kerasfast.errors import LostWorkerError
 
 
 def _lost_tasks(message: str) -> list[int]:

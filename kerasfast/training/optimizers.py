@@ -1,9 +1,10 @@
-"""The optimizer a plan asks for.
+"""The optimizer a plan asks for: its learning rate or schedule, and dynamic
+loss scaling (Keras's own `LossScaleOptimizer`) for float16.
 
-Keras optimizers already implement gradient accumulation
-(`gradient_accumulation_steps`), clipping (`global_clipnorm`) and dynamic
-loss scaling (`LossScaleOptimizer`); this module only configures them from
-the plan, so that the same settings hold whatever optimizer the user gave.
+Gradient accumulation is not the optimizer's here: Keras's
+`gradient_accumulation_steps` fails under tf.distribute (keras issue
+20582), so kerasfast's step functions accumulate in per-replica variables
+and apply the sum (`kerasfast/training/step_functions.py`).
 """
 
 from __future__ import annotations

@@ -87,8 +87,10 @@ class OneCycle(keras.optimizers.schedules.LearningRateSchedule):
     """One-cycle learning rate: cosine rise to a peak, then cosine fall.
 
     Starts at `peak_learning_rate / div_factor`, rises over the first
-    `pct_start` of `total_steps` to the peak, then anneals to
-    `peak_learning_rate / final_div_factor`. Steps past the end hold the final
+    `pct_start` of `total_steps` to the peak, then anneals to the start value
+    divided by `final_div_factor`, as PyTorch's `OneCycleLR` and optax's
+    `cosine_onecycle_schedule` do (defaults alike: 0.1 peaks after 30 of 100
+    steps and ends at 0.1 / 25 / 1e4). Steps past the end hold the final
     value.
 
     Args:
@@ -96,7 +98,7 @@ class OneCycle(keras.optimizers.schedules.LearningRateSchedule):
         total_steps: Steps the cycle spans.
         pct_start: Fraction of the steps spent rising.
         div_factor: Start value is `peak / div_factor`.
-        final_div_factor: End value is `peak / final_div_factor`.
+        final_div_factor: End value is `peak / div_factor / final_div_factor`.
 
     Example:
 
@@ -120,7 +122,7 @@ class OneCycle(keras.optimizers.schedules.LearningRateSchedule):
         step = ops.cast(step, "float32")
         peak = self.peak_learning_rate
         start = peak / self.div_factor
-        end = peak / self.final_div_factor
+        end = start / self.final_div_factor
         rise_steps = max(1.0, math.floor(self.pct_start * self.total_steps))
         fall_steps = max(1.0, self.total_steps - rise_steps)
 
