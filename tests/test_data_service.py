@@ -18,7 +18,12 @@ import tensorflow as tf
 import kerasfast
 from kerasfast.distribute.launch import free_ports
 from kerasfast.errors import PlanError
-from tests.workers.data_service_model import NUM_RECORDS, PerEpochCounts, counting_model, write_records
+from tests.workers.data_service_model import (
+    NUM_RECORDS,
+    PerEpochCounts,
+    counting_model,
+    write_records,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(ROOT)}

@@ -18,7 +18,6 @@ import kerasfast  # noqa: E402
 
 kerasfast.distribute.setup()
 
-import keras  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 from tests.workers.data_service_model import PerEpochCounts, counting_model  # noqa: E402
