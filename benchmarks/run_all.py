@@ -180,6 +180,9 @@ def main(argv=None):
                   + subprocess_tables("gpt_width.py", ["--widths", "128", "256"] if args.quick else [])
                   + "\n\n## Input pipeline (`benchmarks/input_pipeline.py`)\n\n"
                   + subprocess_tables("input_pipeline.py", ["--records", "5000" if args.quick else "20000"])
+                  + "\n\n## tf.data service (`benchmarks/data_service.py`)\n\n"
+                  + subprocess_tables("data_service.py", ["--records", "2048", "--repeats", "1"] if args.quick
+                                      else [])
                   + "\n\n## Compression (`benchmarks/compression.py`)\n\n"
                   + subprocess_tables("compression.py", []) + "\n")
     command = "python benchmarks/run_all.py" + (" " + " ".join(argv) if argv else "")

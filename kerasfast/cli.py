@@ -4,6 +4,7 @@
     kerasfast quickstart [--out D]  train the digits convnet with the auto plan
     kerasfast launch -n N -- CMD    run CMD as an N-worker job on this machine (--restarts K)
     kerasfast convert SRC OUT       write TFRecord shards + schema
+    kerasfast data-service dispatcher|worker   tf.data service servers (fit's data_service=)
     kerasfast export MODEL OUT      SavedModel / TFLite, verified in LiteRT
     kerasfast recipe NAME [flags]   run an end-to-end recipe from recipes/
     kerasfast report RUN_DIR        (re)write a run folder's report.html
@@ -165,10 +166,12 @@ def launch(num_workers, port, host_network, restarts, restart_delay, command):
 
 def _register_subcommands():
     from kerasfast.data.cli import convert_command
+    from kerasfast.data.service import data_service_command
     from kerasfast.export.cli import export_command
     from kerasfast.recipes import recipe_command
 
     main.add_command(convert_command)
+    main.add_command(data_service_command)
     main.add_command(export_command)
     main.add_command(recipe_command)
 

@@ -30,6 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from kerasfast import _compat, costs, threads
+from kerasfast.data import service
 from kerasfast.distribute import resolve_strategy
 from kerasfast.distribute.consensus import check_same_plan, chief_value
 from kerasfast.distribute.failures import lost_peer_errors
@@ -644,6 +645,7 @@ def fit(
     save_model_file: bool = True,
     tensorboard: bool = False,
     data=None,
+    data_service: str | None = None,
     **options,
 ) -> FitResult:
     """Trains a Keras 3 model the fast way: a drop-in for `model.fit`.
@@ -720,6 +722,16 @@ def fit(
             Keras's `keras.callbacks.TensorBoard`: per-epoch scalars and a
             profile of a few steady-state executions. Needs a run folder.
         data: The training data by its older name (same as `x`).
+        data_service: "grpc://HOST:PORT" of a tf.data service dispatcher
+            (`kerasfast data-service dispatcher`): the training pipeline
+            (reading, parsing, your dataset's maps) runs on its service
+            workers, sharded DYNAMIC, one job per pass, so every record is
+            seen once per epoch, in no reproducible order. Takes a TFRecord
+            folder (split between training workers by file) or, on one
+            training worker, a `tf.data.Dataset` of TensorFlow ops;
+            validation stays local. A backup resumes only with
+            `resume="force"` (from its step, not its batches). See
+            `kerasfast.data.service` and docs/distributed.md.
         **options: kerasfast's overrides of its automatic choices
             (`kerasfast.plan.Overrides`): precision, jit_compile,
             steps_per_execution, grad_accum_steps, clipnorm, remat,
@@ -774,6 +786,8 @@ def fit(
         batch_size = None  # planned once real steps have measured the candidates
     overrides = Overrides.from_options({**options, "batch_size": batch_size, "steps_per_epoch": steps_per_epoch})
     callbacks = list(callbacks or [])
+    if data_service is not None:
+        service.parse_address(data_service)
     start = _start(overrides, strategy=strategy, run_dir=run_dir, backup_dir=backup_dir, backup_every=backup_every,
                    seed=seed, resume=resume)
     distribution = start.distribution
@@ -793,6 +807,11 @@ def fit(
                                   shuffle=shuffle, seed=start.seed, repeat=True, on_error=on_error)
         validation = _validation_arguments(validation_data, validation_batch_size or batch_size, validation_steps,
                                            validation_freq, train_data, on_error)
+    if data_service is not None:
+        service.check_servable(data_service, x, train_data, distribution, steps_per_epoch=steps_per_epoch,
+                               resuming=start.progress is not None, force_resume=start.force_resume,
+                               on_error=on_error)
+        service.check_reachable(*service.parse_address(data_service))
 
     # Model.
     own_steps = isinstance(model, keras.Model) and _compat.overridden_step(model, "train_step") is not None
@@ -845,6 +864,8 @@ def fit(
     if tune != "off" and plan.train_step == "kerasfast" and start.progress is None:
         plan = _tuned(plan, train_model, train_data, start, model_facts, run_facts, overrides, mode=tune,
                       budget_s=tune_budget_s)
+    if data_service is not None:
+        train_data.description += f"; {service.describe(data_service)}"
     if verbose != 0 and distribution.is_chief:
         print(plan)
         print(f"  data: {train_data.description}; model: {prepared.how}")
@@ -869,7 +890,11 @@ def fit(
                     config = dataclasses.replace(config, begin_step=config.begin_step + done,
                                                  end_step=config.end_step + done)
                 pruned_layers = apply_pruning(train_model, config)
-        if train_data.source == "tfrecords" and distribution.name == "multi_worker":
+        if data_service is not None:
+            stream_from = service.service_stream(
+                data_service, x, train_data, tf_strategy, distribution, global_batch_size=plan.global_batch_size,
+                steps_per_epoch=plan.steps_per_epoch, shuffle=shuffle, on_error=on_error, class_weight=class_weight)
+        elif train_data.source == "tfrecords" and distribution.name == "multi_worker":
             stream_from = sharded_tfrecord_stream(os.fspath(x), tf_strategy, global_batch_size=plan.global_batch_size,
                                                   shuffle=shuffle, seed=start.seed, on_error=on_error)
         else:
