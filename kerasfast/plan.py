@@ -318,6 +318,10 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def keras_policy(precision: str) -> str:
     """The Keras dtype policy that the model is built under for `precision`.
 
@@ -374,38 +378,55 @@ def resolve_precision(hardware: Hardware, requested: str = "auto", *, train_step
     'float32'
     """
     if requested != "auto":
-        if requested not in PRECISIONS:
-            raise PlanError(
-                f"precision={requested!r} is not known: use 'auto' or one of {', '.join(PRECISIONS)}."
-            )
-        if requested == ONEDNN_BFLOAT16:
-            if hardware.accelerator != "cpu":
-                raise PlanError(
-                    f"precision='{ONEDNN_BFLOAT16}' is TensorFlow's oneDNN rewrite for CPUs, but this run trains on "
-                    f"a {hardware.accelerator.upper()}: use precision='mixed_bfloat16' (or 'auto')."
-                )
-            if jit_compile is True:
-                raise PlanError(
-                    f"precision='{ONEDNN_BFLOAT16}' with jit_compile=True: oneDNN's bfloat16 graph pass does not "
-                    "apply inside XLA. Use precision='mixed_bfloat16' with XLA, or drop jit_compile=True."
-                )
-            if not hardware.cpu_has_bf16:
-                return requested, "requested; note: this CPU has no AVX512_BF16/AMX, so oneDNN emulates bfloat16"
-        if requested == "mixed_float16" and hardware.accelerator == "cpu":
-            return requested, "requested; note: float16 is emulated on CPUs (measured ~4x slower than float32)"
-        return requested, "requested"
+        return _requested_precision(hardware, requested, jit_compile)
     if hardware.accelerator == "tpu":
         return "mixed_bfloat16", "TPU: bfloat16 is native"
     if hardware.accelerator == "gpu":
-        capabilities = [g.compute_capability for g in hardware.gpus if g.compute_capability]
-        if capabilities:
-            lowest = min(capabilities)
-            if lowest >= (8, 0):
-                return "mixed_bfloat16", f"GPU compute capability {lowest[0]}.{lowest[1]} >= 8.0 has bf16 tensor cores"
-            if lowest >= (7, 0):
-                return "mixed_float16", f"GPU compute capability {lowest[0]}.{lowest[1]} has fp16 tensor cores but no bf16"
-            return "float32", f"GPU compute capability {lowest[0]}.{lowest[1]} < 7.0 has no fast low precision"
+        return _gpu_precision(hardware)
+    return _cpu_precision(hardware, train_step_flops=train_step_flops, depthwise_convs=depthwise_convs,
+                          recurrent=recurrent, jit_compile=jit_compile)
+
+
+def _requested_precision(hardware: Hardware, requested: str, jit_compile) -> tuple[str, str]:
+    """The user's precision, refused where it cannot run, with a note where it runs slowly."""
+    if requested not in PRECISIONS:
+        raise PlanError(
+            f"precision={requested!r} is not known: use 'auto' or one of {', '.join(PRECISIONS)}."
+        )
+    if requested == ONEDNN_BFLOAT16:
+        if hardware.accelerator != "cpu":
+            raise PlanError(
+                f"precision='{ONEDNN_BFLOAT16}' is TensorFlow's oneDNN rewrite for CPUs, but this run trains on "
+                f"a {hardware.accelerator.upper()}: use precision='mixed_bfloat16' (or 'auto')."
+            )
+        if jit_compile is True:
+            raise PlanError(
+                f"precision='{ONEDNN_BFLOAT16}' with jit_compile=True: oneDNN's bfloat16 graph pass does not "
+                "apply inside XLA. Use precision='mixed_bfloat16' with XLA, or drop jit_compile=True."
+            )
+        if not hardware.cpu_has_bf16:
+            return requested, "requested; note: this CPU has no AVX512_BF16/AMX, so oneDNN emulates bfloat16"
+    if requested == "mixed_float16" and hardware.accelerator == "cpu":
+        return requested, "requested; note: float16 is emulated on CPUs (measured ~4x slower than float32)"
+    return requested, "requested"
+
+
+def _gpu_precision(hardware: Hardware) -> tuple[str, str]:
+    """What the least capable GPU's tensor cores run fast."""
+    capabilities = [g.compute_capability for g in hardware.gpus if g.compute_capability]
+    if not capabilities:
         return "float32", "GPU compute capability unknown: staying safe"
+    lowest = min(capabilities)
+    if lowest >= (8, 0):
+        return "mixed_bfloat16", f"GPU compute capability {lowest[0]}.{lowest[1]} >= 8.0 has bf16 tensor cores"
+    if lowest >= (7, 0):
+        return "mixed_float16", f"GPU compute capability {lowest[0]}.{lowest[1]} has fp16 tensor cores but no bf16"
+    return "float32", f"GPU compute capability {lowest[0]}.{lowest[1]} < 7.0 has no fast low precision"
+
+
+def _cpu_precision(hardware: Hardware, *, train_step_flops, depthwise_convs: bool, recurrent: bool,
+                   jit_compile) -> tuple[str, str]:
+    """bfloat16 where the CPU has it and the model gains from it, else float32."""
     if not hardware.cpu_has_bf16:
         return "float32", "CPU has no AVX512_BF16/AMX; never mixed_float16 on a CPU (measured 4x slower)"
     flags = "/".join(f.upper() for f in hardware.cpu_flags if f in ("avx512_bf16", "amx_bf16"))
@@ -621,73 +642,22 @@ def resolve_plan(
         overrides = Overrides.from_options(options, "resolve_plan")
     elif options:
         raise PlanError(f"resolve_plan got both overrides= and option(s) {', '.join(options)}: pass one of them.")
-    precision, jit_compile = overrides.precision, overrides.jit_compile
-    steps_per_execution, batch_size = overrides.steps_per_execution, overrides.batch_size
-    grad_accum_steps, clipnorm, remat = overrides.grad_accum_steps, overrides.clipnorm, overrides.remat
-    learning_rate, lr_schedule, warmup_steps = overrides.learning_rate, overrides.lr_schedule, overrides.warmup_steps
-    intra_op_threads, inter_op_threads = overrides.intra_op_threads, overrides.inter_op_threads
-    steps_per_epoch, scale_lr = overrides.steps_per_epoch, overrides.scale_lr
     reasons: dict[str, str] = {}
     overridden = [name for name in overrides.user_set() if name != "steps_per_epoch"]
 
     train_step, reasons["train_step"] = _resolve_train_step(model, overrides, strategy_name)
-    # The model's own compile settings count as the user's choices.
-    # Keras's compile stores jit_compile="auto" already resolved (False on a
-    # CPU-only machine), so only a value auto would not give counts as the user's.
-    compile_jit = model.compile_jit_compile
-    if jit_compile == "auto" and (compile_jit is True or compile_jit is False and hardware.accelerator != "cpu"):
-        jit_compile = compile_jit
-        overridden.append("jit_compile")
-    if steps_per_execution == "auto" and model.compile_steps_per_execution != 1:
-        steps_per_execution = model.compile_steps_per_execution
-        overridden.append("steps_per_execution")
-
+    jit_compile, steps_per_execution = _with_compile_settings(overrides, model, hardware, overridden)
     reasons["strategy"] = strategy_reason
     reasons["num_replicas"] = f"{num_replicas} device(s) share each global batch"
 
     # Remat before jit: both change how the step is compiled.
-    if remat in (None, False):
-        chosen_remat, reasons["remat"] = None, "off: not requested (costs ~30% more compute to save memory)"
-    elif remat is True or remat in REMAT_MODES:
-        chosen_remat = "activations"
-        reasons["remat"] = "activations: recompute activation layers in the backward pass to save memory"
-    elif remat in UNSUPPORTED_REMAT_MODES:
-        raise PlanError(
-            f"remat={remat!r} does not work with Keras 3.15 on TensorFlow (keras issue 21207: it fails in "
-            "graph mode). Use remat='activations' (or True), or split the model into smaller pieces."
-        )
-    else:
-        raise PlanError(f"remat={remat!r} is not known: use None, True or 'activations'.")
-
+    chosen_remat, reasons["remat"] = _resolve_remat(overrides.remat)
     chosen_jit, reasons["jit_compile"] = _resolve_jit(jit_compile, hardware, model, run, train_step, strategy_name)
     if "jit_compile" in overridden and overrides.jit_compile == "auto" and reasons["jit_compile"] == "requested":
         reasons["jit_compile"] = f"your compile(jit_compile={jit_compile})"
+    grad_accum_steps, reasons["grad_accum_steps"] = _resolve_grad_accum_steps(overrides.grad_accum_steps)
 
-    if not _is_int(grad_accum_steps) or grad_accum_steps < 1:
-        raise PlanError(
-            f"grad_accum_steps={grad_accum_steps!r} is not valid: use an integer >= 1 (1 = update every step)."
-        )
-    reasons["grad_accum_steps"] = (
-        "1: update every step" if grad_accum_steps == 1
-        else f"{grad_accum_steps}: gradients of {grad_accum_steps} steps are averaged into one update"
-    )
-
-    if batch_size is not None and (not _is_int(batch_size) or batch_size < 1):
-        raise PlanError(f"batch_size={batch_size!r} is not valid: use a positive integer (or 'auto' in kerasfast.fit).")
-    if data.batch_size is not None:
-        global_batch = data.batch_size
-        reasons["global_batch_size"] = f"{global_batch}: set by the dataset"
-        if batch_size is not None and batch_size != data.batch_size:
-            # Keras's fit ignores batch_size for data that comes batched.
-            reasons["global_batch_size"] += (f"; batch_size={batch_size} ignored, as Keras ignores it for batched "
-                                             "data (re-batch with dataset.unbatch().batch(N) to change it)")
-            overridden.remove("global_batch_size")
-    elif batch_size is not None:
-        global_batch = batch_size
-        reasons["global_batch_size"] = "requested"
-    else:
-        global_batch = DEFAULT_BATCH_SIZE
-        reasons["global_batch_size"] = f"{global_batch}: Keras's default (pass batch_size= to change)"
+    global_batch, reasons["global_batch_size"] = _resolve_global_batch(overrides.batch_size, data, overridden)
     if global_batch % num_replicas:
         raise PlanError(
             f"global batch size {global_batch} does not divide over {num_replicas} replicas: "
@@ -695,42 +665,12 @@ def resolve_plan(
         )
     per_replica = global_batch // num_replicas
     reasons["per_replica_batch_size"] = f"{global_batch} / {num_replicas} replica(s)"
-    train_step_flops = None
-    if model.forward_flops_per_sample:
-        from kerasfast.costs import TRAIN_STEP_FLOPS_PER_FORWARD
-
-        train_step_flops = TRAIN_STEP_FLOPS_PER_FORWARD * model.forward_flops_per_sample * per_replica
-    chosen_precision, reasons["precision"] = resolve_precision(
-        hardware, precision, train_step_flops=train_step_flops, depthwise_convs=model.depthwise_conv_flops > 0,
-        recurrent=bool(model.recurrent_layers),
-        jit_compile=jit_compile)
-    if chosen_precision == "mixed_float16" and train_step == "yours" and not model.loss_scaled:
-        if precision == "auto":
-            chosen_precision, reasons["precision"] = "float32", (
-                f"float32: {reasons['precision']}, but float16 needs loss scaling, which kerasfast cannot add to "
-                f"{model.custom_train_step} (wrap your optimizer in keras.optimizers.LossScaleOptimizer to allow it)"
-            )
-        else:
-            raise PlanError(
-                f"precision='mixed_float16' needs loss scaling, which kerasfast cannot add to "
-                f"{model.custom_train_step}: wrap your optimizer in keras.optimizers.LossScaleOptimizer and call "
-                "its scale_loss() in your step, or use precision='mixed_bfloat16' / 'float32'."
-            )
-    effective = global_batch * grad_accum_steps
+    chosen_precision, reasons["precision"] = _resolve_model_precision(
+        hardware, overrides.precision, model, train_step, per_replica, jit_compile)
     reasons["effective_batch_size"] = f"{global_batch} x {grad_accum_steps} accumulated step(s) per update"
 
-    if steps_per_epoch is not None:
-        if not _is_int(steps_per_epoch) or steps_per_epoch < 1:
-            raise PlanError(f"steps_per_epoch={steps_per_epoch!r} is not valid: use an integer >= 1 or None.")
-        overridden.append("steps_per_epoch")
-        reasons["steps_per_epoch"] = "requested"
-    else:
-        steps_per_epoch = data.steps_per_epoch
-        if steps_per_epoch is None and data.num_samples:
-            steps_per_epoch = math.ceil(data.num_samples / global_batch)
-        reasons["steps_per_epoch"] = (
-            f"{steps_per_epoch}: one pass over the data" if steps_per_epoch else "until the data ends"
-        )
+    steps_per_epoch, reasons["steps_per_epoch"] = _resolve_steps_per_epoch(overrides.steps_per_epoch, data,
+                                                                           global_batch, overridden)
     data = dataclasses.replace(data, steps_per_epoch=steps_per_epoch)
     if train_step == "keras":
         spe, reasons["steps_per_execution"] = 1, "1: run_eagerly=True runs one step at a time"
@@ -740,93 +680,20 @@ def resolve_plan(
         )
         if "steps_per_execution" in overridden and overrides.steps_per_execution == "auto":
             reasons["steps_per_execution"] = f"your compile(steps_per_execution={spe})"
-
-    if clipnorm is not None and (isinstance(clipnorm, bool) or not isinstance(clipnorm, (int, float)) or clipnorm <= 0):
-        raise PlanError(f"clipnorm={clipnorm!r} is not valid: use a positive number or None.")
-    reasons["clipnorm"] = (
-        "off: not requested" if clipnorm is None else f"global gradient norm clipped to {clipnorm}"
-    )
-
-    if lr_schedule != "auto" and lr_schedule not in LR_SCHEDULES:
-        raise PlanError(f"lr_schedule={lr_schedule!r} is not known: use 'auto' or one of {', '.join(LR_SCHEDULES)}.")
-    if learning_rate is not None and (isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)) or learning_rate <= 0):
-        raise PlanError(f"learning_rate={learning_rate!r} is not valid: use a positive number.")
+    clipnorm, reasons["clipnorm"] = _resolve_clipnorm(overrides.clipnorm)
 
     # Keras counts optimizer iterations in updates: with accumulation, one
     # update per `grad_accum_steps` train steps. Schedules span updates.
     total_steps = max(1, steps_per_epoch * run.epochs // grad_accum_steps) if steps_per_epoch else None
-    if model.user_optimizer:
-        optimizer_name = model.user_optimizer
-        reasons["optimizer"] = "yours"
-        peak_lr = learning_rate if learning_rate is not None else model.user_learning_rate
-        schedule = "optimizer's own" if lr_schedule == "auto" else lr_schedule
-        if schedule != "optimizer's own" and peak_lr is None:
-            raise PlanError(
-                f"lr_schedule={lr_schedule!r} needs a peak learning rate, but your optimizer's learning rate is "
-                "already a schedule: pass learning_rate= or drop lr_schedule=."
-            )
-        reasons["lr_schedule"] = (
-            "your optimizer's learning rate is used as is" if schedule == "optimizer's own" else "requested"
-        )
-    else:
-        optimizer_name = "AdamW"
-        reasons["optimizer"] = "kerasfast default: AdamW (decoupled weight decay)"
-        peak_lr = learning_rate if learning_rate is not None else DEFAULT_LEARNING_RATE
-        if lr_schedule == "auto":
-            schedule = "warmup_cosine" if total_steps else "constant"
-            reasons["lr_schedule"] = (
-                "linear warm-up then cosine decay over the whole run" if total_steps
-                else "constant: the run's length is unknown (e.g. an infinite dataset without steps_per_epoch)"
-            )
-        else:
-            schedule = lr_schedule
-            reasons["lr_schedule"] = "requested"
-    if schedule in ("warmup_cosine", "warmup_hold_cosine", "one_cycle") and not total_steps:
-        raise PlanError(
-            f"lr_schedule={schedule!r} needs the run's length, which is unknown here: pass steps_per_epoch= "
-            "or use lr_schedule='constant'."
-        )
-    if schedule == "one_cycle" and total_steps < 2:
-        raise PlanError("lr_schedule='one_cycle' needs at least 2 optimizer updates: train longer or use 'constant'.")
-    if peak_lr is None:
-        reasons["learning_rate"] = "n/a: set by your optimizer"
-    elif learning_rate is not None:
-        reasons["learning_rate"] = "requested"
-    elif model.user_optimizer:
-        reasons["learning_rate"] = "your optimizer's"
-    else:
-        reasons["learning_rate"] = f"{DEFAULT_LEARNING_RATE}: AdamW default peak"
-    if scale_lr:
-        if peak_lr is None:
-            raise PlanError("scale_lr=True needs a constant peak learning rate: pass learning_rate=.")
-        overridden.append("learning_rate")
-        reasons["learning_rate"] = (
-            f"{peak_lr:g} x {num_replicas} replica(s): linear scaling with the global batch (scale_lr=True)"
-        )
-        peak_lr = peak_lr * num_replicas
-    if schedule in ("warmup_cosine", "warmup_hold_cosine"):
-        if warmup_steps == "auto":
-            chosen_warmup = min(max(1, int(total_steps * WARMUP_FRACTION)), int(total_steps * HOLD_FRACTION),
-                                total_steps - 1)
-            reasons["warmup_steps"] = f"{WARMUP_FRACTION:.0%} of {total_steps} steps"
-        else:
-            if not _is_int(warmup_steps) or not 0 <= warmup_steps < total_steps:
-                raise PlanError(f"warmup_steps={warmup_steps!r} is not valid: use an integer in [0, {total_steps}).")
-            chosen_warmup = warmup_steps
-            reasons["warmup_steps"] = "requested"
-    else:
-        if warmup_steps != "auto":
-            raise PlanError(f"warmup_steps= only applies to lr_schedule='warmup_cosine' or 'warmup_hold_cosine', "
-                            f"not {schedule!r}.")
-        chosen_warmup = None
-        reasons["warmup_steps"] = "n/a" if schedule != "one_cycle" else "one-cycle warms up over its first 30%"
+    rate = _resolve_learning_rate(overrides, model, total_steps, num_replicas, overridden)
+    reasons.update(rate.reasons)
     reasons["prune"] = "off: not requested"
     reasons["total_steps"] = (
         f"optimizer updates: {run.epochs} epoch(s) x {steps_per_epoch} steps / {grad_accum_steps} accumulated"
         if total_steps else "unknown"
     )
 
-    threads, thread_reasons = _resolve_threads(intra_op_threads, inter_op_threads, hardware, run)
+    threads, thread_reasons = _resolve_threads(overrides.intra_op_threads, overrides.inter_op_threads, hardware, run)
     reasons.update(thread_reasons)
 
     return Plan(
@@ -839,13 +706,13 @@ def resolve_plan(
         global_batch_size=global_batch,
         per_replica_batch_size=per_replica,
         grad_accum_steps=grad_accum_steps,
-        effective_batch_size=effective,
+        effective_batch_size=global_batch * grad_accum_steps,
         clipnorm=clipnorm,
         remat=chosen_remat,
-        optimizer=optimizer_name,
-        learning_rate=peak_lr,
-        lr_schedule=schedule,
-        warmup_steps=chosen_warmup,
+        optimizer=rate.optimizer,
+        learning_rate=rate.peak,
+        lr_schedule=rate.schedule,
+        warmup_steps=rate.warmup_steps,
         total_steps=total_steps,
         intra_op_threads=threads["intra_op_threads"],
         inter_op_threads=threads["inter_op_threads"],
@@ -853,6 +720,192 @@ def resolve_plan(
         overridden=tuple(dict.fromkeys(overridden)),
         train_step=train_step,
     )
+
+
+def _with_compile_settings(overrides: Overrides, model: ModelFacts, hardware: Hardware, overridden: list):
+    """`(jit_compile, steps_per_execution)` requested: the user's, else their
+    model's own compile settings, which count as the user's choices (added to
+    `overridden`)."""
+    jit_compile, steps_per_execution = overrides.jit_compile, overrides.steps_per_execution
+    # Keras's compile stores jit_compile="auto" already resolved (False on a
+    # CPU-only machine), so only a value auto would not give counts as the user's.
+    compile_jit = model.compile_jit_compile
+    if jit_compile == "auto" and (compile_jit is True or compile_jit is False and hardware.accelerator != "cpu"):
+        jit_compile = compile_jit
+        overridden.append("jit_compile")
+    if steps_per_execution == "auto" and model.compile_steps_per_execution != 1:
+        steps_per_execution = model.compile_steps_per_execution
+        overridden.append("steps_per_execution")
+    return jit_compile, steps_per_execution
+
+
+def _resolve_remat(remat) -> tuple[str | None, str]:
+    if remat in (None, False):
+        return None, "off: not requested (costs ~30% more compute to save memory)"
+    if remat is True or remat in REMAT_MODES:
+        return "activations", "activations: recompute activation layers in the backward pass to save memory"
+    if remat in UNSUPPORTED_REMAT_MODES:
+        raise PlanError(
+            f"remat={remat!r} does not work with Keras 3.15 on TensorFlow (keras issue 21207: it fails in "
+            "graph mode). Use remat='activations' (or True), or split the model into smaller pieces."
+        )
+    raise PlanError(f"remat={remat!r} is not known: use None, True or 'activations'.")
+
+
+def _resolve_grad_accum_steps(grad_accum_steps) -> tuple[int, str]:
+    if not _is_int(grad_accum_steps) or grad_accum_steps < 1:
+        raise PlanError(
+            f"grad_accum_steps={grad_accum_steps!r} is not valid: use an integer >= 1 (1 = update every step)."
+        )
+    if grad_accum_steps == 1:
+        return 1, "1: update every step"
+    return grad_accum_steps, f"{grad_accum_steps}: gradients of {grad_accum_steps} steps are averaged into one update"
+
+
+def _resolve_global_batch(batch_size, data: DataFacts, overridden: list) -> tuple[int, str]:
+    if batch_size is not None and (not _is_int(batch_size) or batch_size < 1):
+        raise PlanError(f"batch_size={batch_size!r} is not valid: use a positive integer (or 'auto' in kerasfast.fit).")
+    if data.batch_size is not None:
+        reason = f"{data.batch_size}: set by the dataset"
+        if batch_size is not None and batch_size != data.batch_size:
+            # Keras's fit ignores batch_size for data that comes batched.
+            reason += (f"; batch_size={batch_size} ignored, as Keras ignores it for batched "
+                       "data (re-batch with dataset.unbatch().batch(N) to change it)")
+            overridden.remove("global_batch_size")
+        return data.batch_size, reason
+    if batch_size is not None:
+        return batch_size, "requested"
+    return DEFAULT_BATCH_SIZE, f"{DEFAULT_BATCH_SIZE}: Keras's default (pass batch_size= to change)"
+
+
+def _resolve_model_precision(hardware: Hardware, precision, model: ModelFacts, train_step: str, per_replica: int,
+                             jit_compile) -> tuple[str, str]:
+    """`resolve_precision` for this model's step; float16 needs loss scaling in a step of the user's."""
+    train_step_flops = None
+    if model.forward_flops_per_sample:
+        from kerasfast.costs import TRAIN_STEP_FLOPS_PER_FORWARD
+
+        train_step_flops = TRAIN_STEP_FLOPS_PER_FORWARD * model.forward_flops_per_sample * per_replica
+    chosen, reason = resolve_precision(
+        hardware, precision, train_step_flops=train_step_flops, depthwise_convs=model.depthwise_conv_flops > 0,
+        recurrent=bool(model.recurrent_layers), jit_compile=jit_compile)
+    if chosen != "mixed_float16" or train_step != "yours" or model.loss_scaled:
+        return chosen, reason
+    if precision == "auto":
+        return "float32", (
+            f"float32: {reason}, but float16 needs loss scaling, which kerasfast cannot add to "
+            f"{model.custom_train_step} (wrap your optimizer in keras.optimizers.LossScaleOptimizer to allow it)"
+        )
+    raise PlanError(
+        f"precision='mixed_float16' needs loss scaling, which kerasfast cannot add to "
+        f"{model.custom_train_step}: wrap your optimizer in keras.optimizers.LossScaleOptimizer and call "
+        "its scale_loss() in your step, or use precision='mixed_bfloat16' / 'float32'."
+    )
+
+
+def _resolve_steps_per_epoch(steps_per_epoch, data: DataFacts, global_batch: int,
+                             overridden: list) -> tuple[int | None, str]:
+    if steps_per_epoch is not None:
+        if not _is_int(steps_per_epoch) or steps_per_epoch < 1:
+            raise PlanError(f"steps_per_epoch={steps_per_epoch!r} is not valid: use an integer >= 1 or None.")
+        overridden.append("steps_per_epoch")
+        return steps_per_epoch, "requested"
+    steps_per_epoch = data.steps_per_epoch
+    if steps_per_epoch is None and data.num_samples:
+        steps_per_epoch = math.ceil(data.num_samples / global_batch)
+    return steps_per_epoch, f"{steps_per_epoch}: one pass over the data" if steps_per_epoch else "until the data ends"
+
+
+def _resolve_clipnorm(clipnorm) -> tuple[float | None, str]:
+    if clipnorm is not None and (not _is_number(clipnorm) or clipnorm <= 0):
+        raise PlanError(f"clipnorm={clipnorm!r} is not valid: use a positive number or None.")
+    return clipnorm, "off: not requested" if clipnorm is None else f"global gradient norm clipped to {clipnorm}"
+
+
+@dataclasses.dataclass(frozen=True)
+class _LearningRate:
+    """The optimizer, its peak rate, schedule and warm-up, with their reasons."""
+
+    optimizer: str
+    peak: float | None
+    schedule: str
+    warmup_steps: int | None
+    reasons: dict
+
+
+def _resolve_learning_rate(overrides: Overrides, model: ModelFacts, total_steps: int | None, num_replicas: int,
+                           overridden: list) -> _LearningRate:
+    learning_rate, lr_schedule = overrides.learning_rate, overrides.lr_schedule
+    if lr_schedule != "auto" and lr_schedule not in LR_SCHEDULES:
+        raise PlanError(f"lr_schedule={lr_schedule!r} is not known: use 'auto' or one of {', '.join(LR_SCHEDULES)}.")
+    if learning_rate is not None and (not _is_number(learning_rate) or learning_rate <= 0):
+        raise PlanError(f"learning_rate={learning_rate!r} is not valid: use a positive number.")
+    reasons = {}
+    optimizer, reasons["optimizer"], peak, schedule, reasons["lr_schedule"] = _resolve_optimizer_and_schedule(
+        learning_rate, lr_schedule, model, total_steps)
+    if schedule in ("warmup_cosine", "warmup_hold_cosine", "one_cycle") and not total_steps:
+        raise PlanError(
+            f"lr_schedule={schedule!r} needs the run's length, which is unknown here: pass steps_per_epoch= "
+            "or use lr_schedule='constant'."
+        )
+    if schedule == "one_cycle" and total_steps < 2:
+        raise PlanError("lr_schedule='one_cycle' needs at least 2 optimizer updates: train longer or use 'constant'.")
+    if peak is None:
+        reasons["learning_rate"] = "n/a: set by your optimizer"
+    elif learning_rate is not None:
+        reasons["learning_rate"] = "requested"
+    elif model.user_optimizer:
+        reasons["learning_rate"] = "your optimizer's"
+    else:
+        reasons["learning_rate"] = f"{DEFAULT_LEARNING_RATE}: AdamW default peak"
+    if overrides.scale_lr:
+        if peak is None:
+            raise PlanError("scale_lr=True needs a constant peak learning rate: pass learning_rate=.")
+        overridden.append("learning_rate")
+        reasons["learning_rate"] = (
+            f"{peak:g} x {num_replicas} replica(s): linear scaling with the global batch (scale_lr=True)"
+        )
+        peak = peak * num_replicas
+    warmup, reasons["warmup_steps"] = _resolve_warmup(overrides.warmup_steps, schedule, total_steps)
+    return _LearningRate(optimizer, peak, schedule, warmup, reasons)
+
+
+def _resolve_optimizer_and_schedule(learning_rate, lr_schedule, model: ModelFacts, total_steps: int | None):
+    """`(optimizer, its reason, peak rate, schedule, its reason)`: the user's optimizer, else AdamW."""
+    if model.user_optimizer:
+        peak = learning_rate if learning_rate is not None else model.user_learning_rate
+        schedule = "optimizer's own" if lr_schedule == "auto" else lr_schedule
+        if schedule != "optimizer's own" and peak is None:
+            raise PlanError(
+                f"lr_schedule={lr_schedule!r} needs a peak learning rate, but your optimizer's learning rate is "
+                "already a schedule: pass learning_rate= or drop lr_schedule=."
+            )
+        why = "your optimizer's learning rate is used as is" if schedule == "optimizer's own" else "requested"
+        return model.user_optimizer, "yours", peak, schedule, why
+    peak = learning_rate if learning_rate is not None else DEFAULT_LEARNING_RATE
+    if lr_schedule != "auto":
+        schedule, why = lr_schedule, "requested"
+    elif total_steps:
+        schedule, why = "warmup_cosine", "linear warm-up then cosine decay over the whole run"
+    else:
+        schedule = "constant"
+        why = "constant: the run's length is unknown (e.g. an infinite dataset without steps_per_epoch)"
+    return "AdamW", "kerasfast default: AdamW (decoupled weight decay)", peak, schedule, why
+
+
+def _resolve_warmup(warmup_steps, schedule: str, total_steps: int | None) -> tuple[int | None, str]:
+    if schedule in ("warmup_cosine", "warmup_hold_cosine"):
+        if warmup_steps == "auto":
+            chosen = min(max(1, int(total_steps * WARMUP_FRACTION)), int(total_steps * HOLD_FRACTION),
+                         total_steps - 1)
+            return chosen, f"{WARMUP_FRACTION:.0%} of {total_steps} steps"
+        if not _is_int(warmup_steps) or not 0 <= warmup_steps < total_steps:
+            raise PlanError(f"warmup_steps={warmup_steps!r} is not valid: use an integer in [0, {total_steps}).")
+        return warmup_steps, "requested"
+    if warmup_steps != "auto":
+        raise PlanError(f"warmup_steps= only applies to lr_schedule='warmup_cosine' or 'warmup_hold_cosine', "
+                        f"not {schedule!r}.")
+    return None, "n/a" if schedule != "one_cycle" else "one-cycle warms up over its first 30%"
 
 
 def candidate_plans(plan: Plan, hardware: Hardware, model: ModelFacts, run: RunFacts, *, mode: str = "auto",
