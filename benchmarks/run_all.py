@@ -178,6 +178,8 @@ def main(argv=None):
                   + subprocess_tables("tune.py", ["--quick", "--seconds", "10"] if args.quick else [])
                   + "\n\n## GPT width: `benchmarks/gpt_width.py`\n\n"
                   + subprocess_tables("gpt_width.py", ["--widths", "128", "256"] if args.quick else [])
+                  + "\n\n## Scaling model (`benchmarks/scaling.py --part table`; docs/scaling.md)\n\n"
+                  + subprocess_tables("scaling.py", ["--part", "table"])
                   + "\n\n## Input pipeline (`benchmarks/input_pipeline.py`)\n\n"
                   + subprocess_tables("input_pipeline.py", ["--records", "5000" if args.quick else "20000"])
                   + "\n\n## tf.data service (`benchmarks/data_service.py`)\n\n"

@@ -66,9 +66,10 @@ LINK_ENV = "KERASFAST_LINK_GBPS"
 
 # TensorFlow's RING collective over gRPC costs about this much per hop
 # whatever the payload: fitted to 4 B .. 16 MiB all-reduces over 2 loopback
-# workers on this project's 2-core CI machine (`benchmarks/scaling.py`,
-# docs/scaling.md; the fit also predicts 4 workers' 4-byte all-reduce to
-# within 15%). It is TensorFlow's software (gRPC, executor), so it is
+# workers on this project's 2-core CI machine (`benchmarks/scaling.py
+# --part comm`, docs/scaling.md; with it the ring formula predicts 4
+# workers' 4 KB-1 MB all-reduces within 10%). It is TensorFlow's software
+# (gRPC, executor), not the wire, so it is
 # charged to every Ethernet link; a real network adds its own wire latency
 # (some 10-50 us), a faster CPU takes some away.
 TF_RING_HOP_LATENCY_S = 0.9e-3

@@ -866,6 +866,11 @@ def fit(
                       budget_s=tune_budget_s)
     if data_service is not None:
         train_data.description += f"; {service.describe(data_service)}"
+    if plan.num_replicas > 1:
+        from kerasfast.distribute import scaling
+
+        plan = scaling.with_plan_note(plan, train_model, forward_flops_per_sample=model_facts.forward_flops_per_sample,
+                                      peak_flops=run_facts.peak_flops, accelerator=start.hardware.accelerator)
     if verbose != 0 and distribution.is_chief:
         print(plan)
         print(f"  data: {train_data.description}; model: {prepared.how}")
