@@ -37,7 +37,8 @@ from kerasfast.distribute.failures import lost_peer_errors
 from kerasfast.errors import DataError, PlanError, RunFolderError
 from kerasfast.hardware import detect_hardware
 from kerasfast.plan import (
-    COMPUTATION_FIELDS, ModelFacts, Overrides, Plan, RunFacts, _is_int, candidate_plans, compute_dtype, resolve_plan,
+    COMPUTATION_FIELDS, ModelFacts, Overrides, Plan, RunFacts, _is_int, _is_number, candidate_plans, compute_dtype,
+    resolve_plan,
 )
 from kerasfast.runs import DEFAULT_ROOT, new_run_dir, save_model, write_json
 from kerasfast.training import optimizers
@@ -756,74 +757,34 @@ def fit(
     >>> print(result.plan)
     >>> result.throughput.samples_per_second
     """
-    if data is not None:
-        if x is not None:
-            raise PlanError("fit got both x= and data=: pass the training data once (x= is Keras's name).")
-        x = data
-    _check_run_arguments(epochs, initial_epoch, validation_freq, steps_per_epoch, validation_steps, resume)
-    _check_divergence_arguments(on_nan, max_recoveries, loss_upper_bound)
-    if tune not in ("auto", "off", "full"):
-        raise PlanError(f"tune={tune!r} is not valid: use 'auto', 'off' or 'full'.")
-    if tune_budget_s is not None and (isinstance(tune_budget_s, bool) or not isinstance(tune_budget_s, (int, float))
-                                      or tune_budget_s < 0):
-        raise PlanError(f"tune_budget_s={tune_budget_s!r} is not valid: use a number of seconds >= 0 or None.")
-    if on_error not in ("raise", "skip"):
-        raise PlanError(f"on_error={on_error!r} is not valid: use 'raise' or 'skip'.")
-    if not isinstance(tensorboard, bool):
-        raise PlanError(f"tensorboard={tensorboard!r} is not valid: use True or False.")
-    if tensorboard and run_dir is False:
-        raise PlanError("tensorboard=True writes its logs into the run folder, but run_dir=False writes none: pass "
-                        "run_dir= (a folder, or None for a new one under kerasfast_runs/), or drop tensorboard=True.")
-    if tensorboard:
-        from kerasfast.training.tensorboard import check_available
-
-        check_available()
-    find_rate = isinstance(options.get("learning_rate"), str) and options["learning_rate"] == "find"
-    if find_rate:
-        options = {**options, "learning_rate": None}  # planned once the range test has found it
-    auto_batch = isinstance(batch_size, str) and batch_size == "auto"
-    if auto_batch:
-        batch_size = None  # planned once real steps have measured the candidates
-    overrides = Overrides.from_options({**options, "batch_size": batch_size, "steps_per_epoch": steps_per_epoch})
+    x = _one_training_data(x, data)
+    _check_fit_arguments(epochs=epochs, initial_epoch=initial_epoch, validation_freq=validation_freq,
+                         steps_per_epoch=steps_per_epoch, validation_steps=validation_steps, resume=resume,
+                         on_nan=on_nan, max_recoveries=max_recoveries, loss_upper_bound=loss_upper_bound, tune=tune,
+                         tune_budget_s=tune_budget_s, on_error=on_error, tensorboard=tensorboard, run_dir=run_dir,
+                         data_service=data_service)
+    request = _Request.of(options, batch_size=batch_size, steps_per_epoch=steps_per_epoch)
+    overrides = request.overrides
     callbacks = list(callbacks or [])
-    if data_service is not None:
-        service.parse_address(data_service)
     start = _start(overrides, strategy=strategy, run_dir=run_dir, backup_dir=backup_dir, backup_every=backup_every,
                    seed=seed, resume=resume)
-    distribution = start.distribution
-    tf_strategy = distribution.strategy
+    tf_strategy = start.distribution.strategy
 
     # Data.
-    if validation_split and validation_data is None:
-        (x, y, sample_weight), validation_data = split_validation(x, y, sample_weight, validation_split)
-    if class_weight is not None and isinstance(x, (str, os.PathLike)) and distribution.name == "multi_worker":
-        raise PlanError("class_weight= is not applied to TFRecords read per worker: write the weights into the "
-                        "records (a sample_weight feature) or train on one machine.")
-    if on_nan != "ignore":
-        for what, value in (("x", x), ("y", y), ("sample_weight", sample_weight)):
-            check_finite(value, what)
-    with _damage_named(x, validation_data):
-        train_data = prepare_data(x, y, sample_weight, batch_size=batch_size, class_weight=class_weight,
-                                  shuffle=shuffle, seed=start.seed, repeat=True, on_error=on_error)
-        validation = _validation_arguments(validation_data, validation_batch_size or batch_size, validation_steps,
-                                           validation_freq, train_data, on_error)
-    if data_service is not None:
-        service.check_servable(data_service, x, train_data, distribution, steps_per_epoch=steps_per_epoch,
-                               resuming=start.progress is not None, force_resume=start.force_resume,
-                               on_error=on_error)
-        service.check_reachable(*service.parse_address(data_service))
+    feed = _Feed(x, y, sample_weight, class_weight=class_weight, shuffle=shuffle, on_error=on_error,
+                 validation_data=validation_data, validation_batch_size=validation_batch_size,
+                 validation_steps=validation_steps, validation_freq=validation_freq, data_service=data_service)
+    train_data, validation = _prepared_feed(feed, start, batch_size=request.batch_size,
+                                            validation_split=validation_split, on_nan=on_nan,
+                                            steps_per_epoch=steps_per_epoch)
 
     # Model.
-    own_steps = isinstance(model, keras.Model) and _compat.overridden_step(model, "train_step") is not None
-    if isinstance(model, keras.Model) and not own_steps:
-        check_inputs_match(model, train_data.sample_inputs)
-    prepared: PreparedModel = prepare_model(model, train_data.sample_inputs, strategy=tf_strategy, own_steps=own_steps)
+    prepared, model_facts = _prepared_model(model, train_data, optimizer, tf_strategy)
     train_model = prepared.train_model
-    if _compat.overridden_step(train_model, "train_step") is None:
-        check_inputs_match(train_model, train_data.sample_inputs)
-    model_facts = _model_facts(train_model, train_data, optimizer)
+
+    # Plan.
     fine_tune = None
-    if prune is not None and not find_rate:
+    if prune is not None and not request.find_rate:
         # Pruning a trained model: its own learning rate (kerasfast.compress.finetune).
         from kerasfast.compress.finetune import fine_tune_rate
 
@@ -831,34 +792,23 @@ def fit(
                                    learning_rate=overrides.learning_rate, lr_schedule=overrides.lr_schedule)
         if fine_tune is not None:
             overrides = fine_tune.applied_to(overrides)
-    plan, run_facts = _plan_run(start, overrides, model_facts, train_data, epochs=epochs, callbacks=callbacks,
-                                prune=prune)
+    run = dict(epochs=epochs, callbacks=callbacks, prune=prune)
+    plan, run_facts = _plan_run(start, overrides, model_facts, train_data, **run)
     if start.progress is not None:
         _check_resumable(plan, start)
-    with tf_strategy.scope() if tf_strategy is not None else contextlib.nullcontext():
-        if prepared.rebuilt:
-            _compile_copy(train_model, prepared.user_model, plan, loss=loss, optimizer=optimizer, metrics=metrics)
-        else:
-            _compile_for_run(train_model, plan, loss=loss, optimizer=optimizer, metrics=metrics)
-        if plan.jit_compile and plan.train_step == "kerasfast":
-            plan = _checked_jit(plan, train_model, train_data.sample_inputs)
-    if auto_batch:
-        batch_size, train_data, validation, plan, overrides, run_facts = _with_found_batch(
+    plan = _compiled_for_plan(prepared, plan, train_data, tf_strategy, loss=loss, optimizer=optimizer,
+                              metrics=metrics)
+    if request.auto_batch:
+        _, train_data, validation, plan, overrides, run_facts = _with_found_batch(
             plan, train_model, train_data, start, model_facts, overrides,
-            data=dict(x=x, y=y, sample_weight=sample_weight, class_weight=class_weight, shuffle=shuffle,
-                      on_error=on_error),
-            validation=dict(validation_data=validation_data, batch_size=validation_batch_size,
-                            steps=validation_steps, freq=validation_freq),
-            epochs=epochs, callbacks=callbacks, prune=prune)
+            data=dict(x=feed.x, y=feed.y, sample_weight=feed.sample_weight, class_weight=class_weight,
+                      shuffle=shuffle, on_error=on_error),
+            validation=dict(validation_data=feed.validation_data, batch_size=validation_batch_size,
+                            steps=validation_steps, freq=validation_freq), **run)
     finding = None
-    if find_rate:
-        finding = _found_learning_rate(train_model, x, y, sample_weight, class_weight=class_weight, start=start,
-                                       batch_size=plan.global_batch_size)
-        overrides = dataclasses.replace(overrides, learning_rate=finding.suggestion)
-        plan, run_facts = _plan_run(start, overrides, model_facts, train_data, epochs=epochs, callbacks=callbacks,
-                                    prune=prune)
-        plan = dataclasses.replace(plan, reasons={**plan.reasons, "learning_rate": f"found: {finding.reason}"},
-                                   overridden=tuple(name for name in plan.overridden if name != "learning_rate"))
+    if request.find_rate:
+        plan, run_facts, finding = _with_found_learning_rate(plan, train_model, feed, start, model_facts, overrides,
+                                                             train_data, **run)
     if fine_tune is not None:
         plan = fine_tune.described(plan)
     if tune != "off" and plan.train_step == "kerasfast" and start.progress is None:
@@ -871,57 +821,216 @@ def fit(
 
         plan = scaling.with_plan_note(plan, train_model, forward_flops_per_sample=model_facts.forward_flops_per_sample,
                                       peak_flops=run_facts.peak_flops, accelerator=start.hardware.accelerator)
-    if verbose != 0 and distribution.is_chief:
+    if verbose != 0 and start.distribution.is_chief:
         print(plan)
         print(f"  data: {train_data.description}; model: {prepared.how}")
 
+    # Training.
     with contextlib.ExitStack() as cleanup:
-        folder = _run_folder(run_dir, distribution, cleanup)
-        if folder is not None:
-            write_json(folder / "plan.json", {**plan.to_dict(), "hardware": start.hardware.to_dict()})
-            if finding is not None and distribution.is_chief:
-                plot_finding(finding, folder / "lr_find.png")
-                write_json(folder / "lr_find.json", finding.summary())
-        pruned_layers = None
-        if plan.prune is not None:
-            from kerasfast.compress import apply_pruning, pruning_for_run
-
-            with tf_strategy.scope() if tf_strategy is not None else contextlib.nullcontext():
-                config = pruning_for_run(prune, plan.total_steps)
-                # The schedule counts the optimizer's updates, which carry on
-                # from earlier fits of the same model: it starts at this run's first.
-                done = int(keras.ops.convert_to_numpy(train_model.optimizer.iterations))
-                if done and config.end_step is not None:
-                    config = dataclasses.replace(config, begin_step=config.begin_step + done,
-                                                 end_step=config.end_step + done)
-                pruned_layers = apply_pruning(train_model, config)
-        if data_service is not None:
-            stream_from = service.service_stream(
-                data_service, x, train_data, tf_strategy, distribution, global_batch_size=plan.global_batch_size,
-                steps_per_epoch=plan.steps_per_epoch, shuffle=shuffle, on_error=on_error, class_weight=class_weight)
-        elif train_data.source == "tfrecords" and distribution.name == "multi_worker":
-            stream_from = sharded_tfrecord_stream(os.fspath(x), tf_strategy, global_batch_size=plan.global_batch_size,
-                                                  shuffle=shuffle, seed=start.seed, on_error=on_error)
-        else:
-            stream_from = stream_factory(train_data.dataset, repeat=bool(plan.steps_per_epoch),
-                                         autotune=train_data.source != "arrays")
+        folder = _run_folder(run_dir, start.distribution, cleanup)
+        _write_plan_files(folder, plan, start, finding)
+        pruned_layers = _pruned_for_run(train_model, plan, prune, tf_strategy) if plan.prune is not None else None
+        stream_from = _training_stream(feed, train_data, plan, start)
 
         def meter_factory(progress, input_wait):
             return ThroughputMeter(samples_counter(plan.global_batch_size, train_data.facts.num_samples),
                                    plan.steps_per_epoch, first_step=progress.step if progress else 0,
                                    input_wait_seconds=input_wait)
 
-        if tensorboard and folder is not None and distribution.is_chief:
+        if tensorboard and folder is not None and start.distribution.is_chief:
             from kerasfast.training.tensorboard import tensorboard_callback
 
             callbacks = callbacks + [tensorboard_callback(folder, plan)]
-        with _damage_named(x, validation_data):
+        with _damage_named(feed.x, feed.validation_data):
             history, meter, guard = _train(
                 train_model, plan, start, train_data, stream_from, epochs=epochs, initial_epoch=initial_epoch,
                 callbacks=callbacks, verbose=verbose, validation=validation, meter_factory=meter_factory,
                 divergence=dict(on_nan=on_nan, max_recoveries=max_recoveries, loss_upper_bound=loss_upper_bound))
         return _finish(prepared, plan, start, train_data, history, meter, folder, pruned_layers,
                        save_model_file=save_model_file, verbose=verbose, recoveries=guard.recoveries)
+
+
+def _one_training_data(x, data):
+    """`x`, or `data=` (its older name); not both."""
+    if data is None:
+        return x
+    if x is not None:
+        raise PlanError("fit got both x= and data=: pass the training data once (x= is Keras's name).")
+    return data
+
+
+def _check_fit_arguments(*, epochs, initial_epoch, validation_freq, steps_per_epoch, validation_steps, resume,
+                         on_nan, max_recoveries, loss_upper_bound, tune, tune_budget_s, on_error, tensorboard,
+                         run_dir, data_service) -> None:
+    """Refuses a bad argument of `fit` before anything starts, naming it and the fix."""
+    _check_run_arguments(epochs, initial_epoch, validation_freq, steps_per_epoch, validation_steps, resume)
+    _check_divergence_arguments(on_nan, max_recoveries, loss_upper_bound)
+    if tune not in ("auto", "off", "full"):
+        raise PlanError(f"tune={tune!r} is not valid: use 'auto', 'off' or 'full'.")
+    if tune_budget_s is not None and (not _is_number(tune_budget_s) or tune_budget_s < 0):
+        raise PlanError(f"tune_budget_s={tune_budget_s!r} is not valid: use a number of seconds >= 0 or None.")
+    if on_error not in ("raise", "skip"):
+        raise PlanError(f"on_error={on_error!r} is not valid: use 'raise' or 'skip'.")
+    if not isinstance(tensorboard, bool):
+        raise PlanError(f"tensorboard={tensorboard!r} is not valid: use True or False.")
+    if tensorboard and run_dir is False:
+        raise PlanError("tensorboard=True writes its logs into the run folder, but run_dir=False writes none: pass "
+                        "run_dir= (a folder, or None for a new one under kerasfast_runs/), or drop tensorboard=True.")
+    if tensorboard:
+        from kerasfast.training.tensorboard import check_available
+
+        check_available()
+    if data_service is not None:
+        service.parse_address(data_service)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Request:
+    """The user's overrides, with the two choices made by measuring later:
+    `batch_size="auto"` and `learning_rate="find"`."""
+
+    overrides: Overrides
+    batch_size: int | None
+    auto_batch: bool
+    find_rate: bool
+
+    @classmethod
+    def of(cls, options: dict, *, batch_size, steps_per_epoch) -> "_Request":
+        find_rate = isinstance(options.get("learning_rate"), str) and options["learning_rate"] == "find"
+        if find_rate:
+            options = {**options, "learning_rate": None}  # planned once the range test has found it
+        auto_batch = isinstance(batch_size, str) and batch_size == "auto"
+        if auto_batch:
+            batch_size = None  # planned once real steps have measured the candidates
+        overrides = Overrides.from_options({**options, "batch_size": batch_size, "steps_per_epoch": steps_per_epoch})
+        return cls(overrides, batch_size, auto_batch, find_rate)
+
+
+@dataclasses.dataclass
+class _Feed:
+    """The training and validation data as the user passed them (after `validation_split`)."""
+
+    x: object
+    y: object
+    sample_weight: object
+    class_weight: object
+    shuffle: object
+    on_error: str
+    validation_data: object
+    validation_batch_size: int | None
+    validation_steps: int | None
+    validation_freq: object
+    data_service: str | None
+
+
+def _prepared_feed(feed: _Feed, start: _Start, *, batch_size, validation_split, on_nan, steps_per_epoch):
+    """`(train_data, validation)`: the training data read (`prepare_data`) and Keras's validation arguments.
+
+    Splits off `validation_split` (updating `feed`), refuses what the data
+    path cannot serve, and checks arrays for NaN unless `on_nan="ignore"`.
+    """
+    distribution = start.distribution
+    if validation_split and feed.validation_data is None:
+        (feed.x, feed.y, feed.sample_weight), feed.validation_data = split_validation(
+            feed.x, feed.y, feed.sample_weight, validation_split)
+    if feed.class_weight is not None and isinstance(feed.x, (str, os.PathLike)) \
+            and distribution.name == "multi_worker":
+        raise PlanError("class_weight= is not applied to TFRecords read per worker: write the weights into the "
+                        "records (a sample_weight feature) or train on one machine.")
+    if on_nan != "ignore":
+        for what, value in (("x", feed.x), ("y", feed.y), ("sample_weight", feed.sample_weight)):
+            check_finite(value, what)
+    with _damage_named(feed.x, feed.validation_data):
+        train_data = prepare_data(feed.x, feed.y, feed.sample_weight, batch_size=batch_size,
+                                  class_weight=feed.class_weight, shuffle=feed.shuffle, seed=start.seed, repeat=True,
+                                  on_error=feed.on_error)
+        validation = _validation_arguments(feed.validation_data, feed.validation_batch_size or batch_size,
+                                           feed.validation_steps, feed.validation_freq, train_data, feed.on_error)
+    if feed.data_service is not None:
+        service.check_servable(feed.data_service, feed.x, train_data, distribution, steps_per_epoch=steps_per_epoch,
+                               resuming=start.progress is not None, force_resume=start.force_resume,
+                               on_error=feed.on_error)
+        service.check_reachable(*service.parse_address(feed.data_service))
+    return train_data, validation
+
+
+def _prepared_model(model, train_data, optimizer, tf_strategy) -> tuple[PreparedModel, ModelFacts]:
+    """The model that trains (the user's, or its copy in the strategy's scope), checked against the data."""
+    own_steps = isinstance(model, keras.Model) and _compat.overridden_step(model, "train_step") is not None
+    if isinstance(model, keras.Model) and not own_steps:
+        check_inputs_match(model, train_data.sample_inputs)
+    prepared: PreparedModel = prepare_model(model, train_data.sample_inputs, strategy=tf_strategy, own_steps=own_steps)
+    if _compat.overridden_step(prepared.train_model, "train_step") is None:
+        check_inputs_match(prepared.train_model, train_data.sample_inputs)
+    return prepared, _model_facts(prepared.train_model, train_data, optimizer)
+
+
+def _compiled_for_plan(prepared: PreparedModel, plan: Plan, train_data, tf_strategy, *, loss, optimizer,
+                       metrics) -> Plan:
+    """Compiles the training model for `plan` in the strategy's scope; XLA is
+    checked on the model (and turned off with the reason when it cannot run)."""
+    with tf_strategy.scope() if tf_strategy is not None else contextlib.nullcontext():
+        if prepared.rebuilt:
+            _compile_copy(prepared.train_model, prepared.user_model, plan, loss=loss, optimizer=optimizer,
+                          metrics=metrics)
+        else:
+            _compile_for_run(prepared.train_model, plan, loss=loss, optimizer=optimizer, metrics=metrics)
+        if plan.jit_compile and plan.train_step == "kerasfast":
+            plan = _checked_jit(plan, prepared.train_model, train_data.sample_inputs)
+    return plan
+
+
+def _with_found_learning_rate(plan: Plan, model, feed: _Feed, start: _Start, model_facts: ModelFacts,
+                              overrides: Overrides, train_data, **run):
+    """`(plan, run_facts, finding)`: the plan re-resolved at the rate a range test found."""
+    finding = _found_learning_rate(model, feed.x, feed.y, feed.sample_weight, class_weight=feed.class_weight,
+                                   start=start, batch_size=plan.global_batch_size)
+    overrides = dataclasses.replace(overrides, learning_rate=finding.suggestion)
+    plan, run_facts = _plan_run(start, overrides, model_facts, train_data, **run)
+    plan = dataclasses.replace(plan, reasons={**plan.reasons, "learning_rate": f"found: {finding.reason}"},
+                               overridden=tuple(name for name in plan.overridden if name != "learning_rate"))
+    return plan, run_facts, finding
+
+
+def _write_plan_files(folder, plan: Plan, start: _Start, finding) -> None:
+    if folder is None:
+        return
+    write_json(folder / "plan.json", {**plan.to_dict(), "hardware": start.hardware.to_dict()})
+    if finding is not None and start.distribution.is_chief:
+        plot_finding(finding, folder / "lr_find.png")
+        write_json(folder / "lr_find.json", finding.summary())
+
+
+def _pruned_for_run(train_model, plan: Plan, prune, tf_strategy) -> list:
+    """Wraps the model's prunable layers for this run; returns the per-layer rows."""
+    from kerasfast.compress import apply_pruning, pruning_for_run
+
+    with tf_strategy.scope() if tf_strategy is not None else contextlib.nullcontext():
+        config = pruning_for_run(prune, plan.total_steps)
+        # The schedule counts the optimizer's updates, which carry on
+        # from earlier fits of the same model: it starts at this run's first.
+        done = int(keras.ops.convert_to_numpy(train_model.optimizer.iterations))
+        if done and config.end_step is not None:
+            config = dataclasses.replace(config, begin_step=config.begin_step + done,
+                                         end_step=config.end_step + done)
+        return apply_pruning(train_model, config)
+
+
+def _training_stream(feed: _Feed, train_data, plan: Plan, start: _Start):
+    """`f(batches_done)` giving the training batches: through tf.data service,
+    per worker from TFRecords, or the prepared dataset repeated."""
+    distribution = start.distribution
+    if feed.data_service is not None:
+        return service.service_stream(
+            feed.data_service, feed.x, train_data, distribution.strategy, distribution,
+            global_batch_size=plan.global_batch_size, steps_per_epoch=plan.steps_per_epoch, shuffle=feed.shuffle,
+            on_error=feed.on_error, class_weight=feed.class_weight)
+    if train_data.source == "tfrecords" and distribution.name == "multi_worker":
+        return sharded_tfrecord_stream(os.fspath(feed.x), distribution.strategy,
+                                       global_batch_size=plan.global_batch_size, shuffle=feed.shuffle,
+                                       seed=start.seed, on_error=feed.on_error)
+    return stream_factory(train_data.dataset, repeat=bool(plan.steps_per_epoch),
+                          autotune=train_data.source != "arrays")
 
 
 def _validation_arguments(validation_data, batch_size, steps, freq, train_data, on_error) -> dict:
