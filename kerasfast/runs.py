@@ -16,6 +16,8 @@ import os
 import pathlib
 import uuid
 
+from kerasfast._atomic import replace_durably
+
 DEFAULT_ROOT = "kerasfast_runs"
 
 
@@ -64,45 +66,6 @@ def strict_json(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
-
-
-def replace_durably(path: pathlib.Path, write, *, keep_suffix: bool = False) -> pathlib.Path:
-    """Calls `write(temporary)` beside `path`, flushes it, renames it to `path`.
-
-    Args:
-        path: The file to (re)place.
-        write: Writes the file's content to the path it is given.
-        keep_suffix: The temporary name ends with `path`'s name (for writers
-            such as Keras's `save` and NumPy's `savez` that add or require
-            a suffix).
-
-    Raises:
-        OSError: As raised by the write or rename (disk full, permissions),
-            with `path` as the error's filename; no temporary file is left.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tag = uuid.uuid4().hex[:8]
-    temporary = path.with_name(f".tmp-{tag}-{path.name}" if keep_suffix else f".{path.name}.tmp-{tag}")
-    try:
-        write(temporary)
-        _fsync(temporary)
-        os.replace(temporary, path)
-        _fsync(path.parent)
-    except OSError as error:
-        if error.filename is None:
-            error.filename = os.fspath(path)
-        raise
-    finally:
-        temporary.unlink(missing_ok=True)
-    return path
-
-
-def _fsync(path: pathlib.Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def _jsonable(value):

@@ -269,6 +269,25 @@ class PruningConfig:
                 "build it (model.build(input_shape)) before pruning."
             )
         layers = all_layers(model)
+        named_in_include = self._check_named_layers(layers)
+        targets, skipped = [], []
+        for layer in layers:
+            if prunable_weight_name(layer) is None:
+                continue
+            target, reason = self._target(layer, explicitly_named=layer.name in named_in_include)
+            if target is None:
+                skipped.append({"layer": layer.name, "type": type(layer).__name__, "reason": reason})
+            else:
+                targets.append(target)
+        if not targets:
+            raise PlanError(
+                "No layer is left to prune with these include/exclude/min_size/structured settings. "
+                f"Layers considered: {[(s['layer'], s['reason']) for s in skipped]}."
+            )
+        return targets, skipped
+
+    def _check_named_layers(self, layers) -> set[str]:
+        """Refuses include/exclude names that are no layer, or (include) no prunable one; returns the included names."""
         by_name = {layer.name: layer for layer in layers}
         for argument, entries in (("include", self.include or []), ("exclude", self.exclude)):
             unknown = [e for e in entries if isinstance(e, str) and e not in by_name]
@@ -286,60 +305,66 @@ class PruningConfig:
                     f"include names layer '{name}' ({type(layer).__name__}), which has no prunable kernel. "
                     f"Prunable layer types: {', '.join(t.__name__ for t in PRUNABLE_LAYER_TYPES)}."
                 )
+        return named_in_include
 
-        def matches(layer, entries):
-            return any(
-                (isinstance(e, str) and layer.name == e) or (isinstance(e, type) and isinstance(layer, e))
-                for e in entries
-            )
+    def _target(self, layer, *, explicitly_named: bool) -> tuple[PruningTarget | None, str]:
+        """`(target, "")` for a prunable `layer` these settings prune, else `(None, why it stays dense)`.
 
-        targets, skipped = [], []
-        for layer in layers:
-            weight_name = prunable_weight_name(layer)
-            if weight_name is None:
-                continue
-            variable = getattr(layer, "_" + weight_name, None) if weight_name in ("kernel", "embeddings") else None
-            if variable is None:
-                variable = getattr(layer, weight_name, None)
-            explicitly_named = layer.name in named_in_include
-            row = {"layer": layer.name, "type": type(layer).__name__}
-            if self.include is not None and not matches(layer, self.include):
-                skipped.append({**row, "reason": "not in include"})
-                continue
-            if matches(layer, self.exclude):
-                skipped.append({**row, "reason": "in exclude"})
-                continue
-            if not isinstance(variable, keras.Variable) or not variable.trainable:
-                reason = "kernel is quantized, LoRA-enabled or frozen"
-                if explicitly_named:
-                    raise PlanError(f"include names layer '{layer.name}' but its {weight_name} cannot be pruned: {reason}.")
-                skipped.append({**row, "reason": reason})
-                continue
-            target = PruningTarget(layer, weight_name, variable, None)
-            if target.params < self.min_size and not explicitly_named:
-                skipped.append({**row, "reason": f"{target.params} weights < min_size={self.min_size}"})
-                continue
-            if self.m_by_n is not None:
-                axis = _structured_axis(layer)
-                group = self.m_by_n[1]
-                problem = None
-                if axis is None:
-                    problem = f"{type(layer).__name__} has no input-channel axis for {self.structured} groups"
-                elif int(variable.shape[axis]) % group:
-                    problem = f"its {int(variable.shape[axis])} input channels are not a multiple of {group}"
-                if problem:
-                    if explicitly_named:
-                        raise PlanError(
-                            f"include names layer '{layer.name}' but structured={self.structured!r} cannot apply: "
-                            f"{problem}. Exclude it or use structured=None."
-                        )
-                    skipped.append({**row, "reason": problem})
-                    continue
-                target = PruningTarget(layer, weight_name, variable, axis)
-            targets.append(target)
-        if not targets:
-            raise PlanError(
-                "No layer is left to prune with these include/exclude/min_size/structured settings. "
-                f"Layers considered: {[(s['layer'], s['reason']) for s in skipped]}."
-            )
-        return targets, skipped
+        A layer named in include that cannot be pruned as asked is refused
+        rather than left dense.
+        """
+        weight_name = prunable_weight_name(layer)
+        variable = _prunable_variable(layer, weight_name)
+        if self.include is not None and not _matches(layer, self.include):
+            return None, "not in include"
+        if _matches(layer, self.exclude):
+            return None, "in exclude"
+        if not isinstance(variable, keras.Variable) or not variable.trainable:
+            reason = "kernel is quantized, LoRA-enabled or frozen"
+            if explicitly_named:
+                raise PlanError(f"include names layer '{layer.name}' but its {weight_name} cannot be pruned: {reason}.")
+            return None, reason
+        target = PruningTarget(layer, weight_name, variable, None)
+        if target.params < self.min_size and not explicitly_named:
+            return None, f"{target.params} weights < min_size={self.min_size}"
+        if self.m_by_n is None:
+            return target, ""
+        axis, problem = self._structured_axis_or_problem(layer, variable)
+        if problem:
+            if explicitly_named:
+                raise PlanError(
+                    f"include names layer '{layer.name}' but structured={self.structured!r} cannot apply: "
+                    f"{problem}. Exclude it or use structured=None."
+                )
+            return None, problem
+        return PruningTarget(layer, weight_name, variable, axis), ""
+
+    def _structured_axis_or_problem(self, layer, variable) -> tuple[int | None, str]:
+        """The axis N:M groups run along in `layer`'s kernel, or why there is none."""
+        axis = _structured_axis(layer)
+        group = self.m_by_n[1]
+        if axis is None:
+            return None, f"{type(layer).__name__} has no input-channel axis for {self.structured} groups"
+        if int(variable.shape[axis]) % group:
+            return None, f"its {int(variable.shape[axis])} input channels are not a multiple of {group}"
+        return axis, ""
+
+
+def _prunable_variable(layer, weight_name: str):
+    """The variable behind `layer.<weight_name>`.
+
+    Keras's `kernel` and `embeddings` properties may return a computed tensor
+    (e.g. with LoRA enabled), so the variable under them is read first.
+    """
+    variable = getattr(layer, "_" + weight_name, None) if weight_name in ("kernel", "embeddings") else None
+    if variable is None:
+        variable = getattr(layer, weight_name, None)
+    return variable
+
+
+def _matches(layer, entries) -> bool:
+    """Whether an include/exclude list names `layer` or one of its classes."""
+    return any(
+        (isinstance(e, str) and layer.name == e) or (isinstance(e, type) and isinstance(layer, e))
+        for e in entries
+    )

@@ -200,6 +200,43 @@ def prune(
     >>> print(result.table())
     >>> model.save("pruned.keras")
     """
+    total_steps = _optimizer_updates(model, data, optimizer, epochs, batch_size, steps_per_epoch)
+    end_step, frequency = schedule_steps(total_steps, begin_step, end_step, frequency)
+    config = PruningConfig(
+        target_sparsity=target_sparsity,
+        schedule=schedule,
+        initial_sparsity=initial_sparsity,
+        begin_step=begin_step,
+        end_step=end_step,
+        frequency=frequency,
+        include=include,
+        exclude=exclude,
+        min_size=min_size,
+        structured=structured,
+    )
+    _compile_for_pruning(model, optimizer, loss, metrics)
+    # Count steps from the start of this run even when the optimizer
+    # already trained the model (its counter is then far past 0).
+    step_offset = int(np.asarray(model.optimizer.iterations))
+
+    def step_fn():
+        return tf.cast(model.optimizer.iterations, tf.int64) - step_offset
+
+    fine_tune, how = _fine_tune_learning_rate(model.optimizer, learning_rate, total_steps, step_offset)
+    plan = apply_pruning(model, config, step_fn=step_fn)
+    fit_kwargs = dict(epochs=epochs, validation_data=validation_data, callbacks=callbacks, verbose=verbose)
+    with optimizer_settings(model.optimizer, learning_rate=fine_tune):
+        if isinstance(data, tf.data.Dataset):
+            history = model.fit(data, steps_per_epoch=steps_per_epoch, **fit_kwargs)
+        else:
+            history = model.fit(data[0], data[1], batch_size=batch_size, steps_per_epoch=steps_per_epoch,
+                                **fit_kwargs)
+    summary = finalize_pruning(model)
+    return PruneResult(history=history, summary=summary, plan=plan, config=config, learning_rate=how)
+
+
+def _optimizer_updates(model, data, optimizer, epochs, batch_size, steps_per_epoch) -> int:
+    """Optimizer updates the fine-tune makes: the steps the pruning schedule is placed in."""
     batches_per_epoch = _steps_per_epoch(data, batch_size, steps_per_epoch)
     if not isinstance(epochs, int) or epochs < 1:
         raise PlanError(f"epochs={epochs!r} must be an int >= 1.")
@@ -214,58 +251,38 @@ def prune(
             f"This run makes no optimizer update ({batches_per_epoch} batches per epoch, gradient accumulation "
             f"over {accumulation}); give prune() more data or epochs."
         )
-    end_step, frequency = schedule_steps(total_steps, begin_step, end_step, frequency)
-    config = PruningConfig(
-        target_sparsity=target_sparsity,
-        schedule=schedule,
-        initial_sparsity=initial_sparsity,
-        begin_step=begin_step,
-        end_step=end_step,
-        frequency=frequency,
-        include=include,
-        exclude=exclude,
-        min_size=min_size,
-        structured=structured,
-    )
+    return total_steps
+
+
+def _compile_for_pruning(model, optimizer, loss, metrics) -> None:
+    """Compiles `model` afresh when asked to, keeping its XLA and steps-per-execution choices."""
     recompile = optimizer is not None or loss is not None or metrics is not None
     if not recompile and not getattr(model, "compiled", False):
         raise PlanError(
             "The model is not compiled, so prune() does not know its loss. Compile it first or pass "
             "loss=... (and optionally optimizer=..., metrics=...)."
         )
-    if recompile:
-        if loss is None and not getattr(model, "compiled", False):
-            raise PlanError("prune() needs loss=... to compile a model that was never compiled.")
-        compile_config = model.get_compile_config() if getattr(model, "compiled", False) else {}
-        model.compile(
-            optimizer=optimizer or "adam",
-            loss=loss if loss is not None else model.loss,
-            metrics=metrics,
-            jit_compile=compile_config.get("jit_compile", "auto"),
-            steps_per_execution=compile_config.get("steps_per_execution", 1),
-        )
-    # Count steps from the start of this run even when the optimizer
-    # already trained the model (its counter is then far past 0).
-    step_offset = int(np.asarray(model.optimizer.iterations))
+    if not recompile:
+        return
+    if loss is None and not getattr(model, "compiled", False):
+        raise PlanError("prune() needs loss=... to compile a model that was never compiled.")
+    compile_config = model.get_compile_config() if getattr(model, "compiled", False) else {}
+    model.compile(
+        optimizer=optimizer or "adam",
+        loss=loss if loss is not None else model.loss,
+        metrics=metrics,
+        jit_compile=compile_config.get("jit_compile", "auto"),
+        steps_per_execution=compile_config.get("steps_per_execution", 1),
+    )
 
-    def step_fn():
-        return tf.cast(model.optimizer.iterations, tf.int64) - step_offset
 
+def _fine_tune_learning_rate(optimizer, learning_rate, total_steps, step_offset):
+    """`(rate, how)`: the fine-tune's learning rate (or schedule) and the reason for the report."""
     # A trained optimizer's own rate is too high (a constant peak) or spent (a
     # finished schedule) for a fine-tune: see kerasfast.compress.finetune.
-    rate = fine_tune_rate(model.optimizer, learning_rate=learning_rate)
-    fine_tune = rate.schedule(total_steps, step_offset) if rate is not None else learning_rate
+    rate = fine_tune_rate(optimizer, learning_rate=learning_rate)
     if rate is not None:
         how = f"{rate.reasons['learning_rate']}; {rate.reasons['lr_schedule']}"
-    else:
-        how = "requested (constant)" if learning_rate is not None else "the optimizer's own (it had not trained yet)"
-    plan = apply_pruning(model, config, step_fn=step_fn)
-    fit_kwargs = dict(epochs=epochs, validation_data=validation_data, callbacks=callbacks, verbose=verbose)
-    with optimizer_settings(model.optimizer, learning_rate=fine_tune):
-        if isinstance(data, tf.data.Dataset):
-            history = model.fit(data, steps_per_epoch=steps_per_epoch, **fit_kwargs)
-        else:
-            history = model.fit(data[0], data[1], batch_size=batch_size, steps_per_epoch=steps_per_epoch,
-                                **fit_kwargs)
-    summary = finalize_pruning(model)
-    return PruneResult(history=history, summary=summary, plan=plan, config=config, learning_rate=how)
+        return rate.schedule(total_steps, step_offset), how
+    how = "requested (constant)" if learning_rate is not None else "the optimizer's own (it had not trained yet)"
+    return learning_rate, how

@@ -25,6 +25,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from kerasfast._atomic import replace_durably
 from kerasfast.errors import DataError
 
 SCHEMA_FILENAME = "schema.json"
@@ -228,20 +229,17 @@ class Schema:
         return schema
 
     def save(self, path: str, extra: Mapping | None = None) -> None:
-        """Writes the schema atomically (temporary file, then rename).
+        """Writes the schema atomically and durably (see `kerasfast._atomic.replace_durably`).
 
         Args:
             path: where to write.
             extra: further top-level keys to store beside the schema's own
                 (`from_json` ignores them).
         """
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump({**self.to_json(), **(extra or {})}, fh, indent=2)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        text = json.dumps({**self.to_json(), **(extra or {})}, indent=2) + "\n"
+        # The writer's clean-up of killed runs removes leftovers by this name.
+        replace_durably(path, lambda temporary: temporary.write_text(text, encoding="utf-8"),
+                        temporary=f"{path}.tmp-{os.getpid()}")
 
     @classmethod
     def load(cls, path: str) -> "Schema":

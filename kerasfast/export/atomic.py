@@ -19,6 +19,7 @@ import shutil
 import uuid
 from pathlib import Path
 
+from kerasfast._atomic import replace_durably
 from kerasfast.errors import ExportError
 
 MANIFEST_NAME = "kerasfast-export.json"
@@ -262,9 +263,10 @@ def _write_manifest(out_dir: Path, entries) -> None:
         "only these; every other file is left alone.",
         "entries": sorted(entries),
     }
-    temporary = _temp_path(out_dir, "manifest")
-    temporary.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
-    os.replace(temporary, out_dir / MANIFEST_NAME)
+    text = json.dumps(payload, indent=2) + "\n"
+    # A TEMP_PREFIX name: if the export is killed mid-write, the next one removes it.
+    replace_durably(out_dir / MANIFEST_NAME, lambda temporary: temporary.write_text(text, encoding="utf-8"),
+                    temporary=_temp_path(out_dir, "manifest"))
 
 
 @contextlib.contextmanager

@@ -6,6 +6,7 @@ import dataclasses
 import shutil
 import warnings
 from pathlib import Path
+from typing import Any
 
 import keras
 import numpy as np
@@ -144,7 +145,81 @@ def export_model(
     ...     representative_data=x_train[:300], eval_data=(x_test, y_test))
     >>> print(result.table())
     """
-    # -- refuse bad input before writing anything -------------------------
+    checked = _preflight(model, out_dir, formats, representative_data, eval_data,
+                         num_calibration_samples=num_calibration_samples, overwrite=overwrite)
+    job = _prepare(model, checked, num_comparison_samples, int8_input_output=int8_input_output,
+                   allow_flex_ops=allow_flex_ops, measure_latency=measure_latency)
+    with staged_export(checked.destination, checked.written_names, overwrite=overwrite) as folder:
+        staging = _Staging(folder)
+        _export_graphs(job, staging)
+        rows = [_artifact_row(job, staging, name) for name in job.formats]
+        shutil.rmtree(staging.scratch, ignore_errors=True)
+        write_report(folder, rows, _report_context(job))
+    return ExportResult(out_dir=checked.destination, rows=rows)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Checked:
+    """The arguments of one export, checked before anything is written."""
+
+    destination: Path
+    formats: list  # in the order requested
+    written_names: list  # top-level names the export writes in out_dir
+    signature: preflight.ModelSignature
+    calibration: np.ndarray | None
+    evaluation: tuple | None
+    left_in_float: list  # layers Keras int8 leaves in float ("saved_model_int8" only)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    """What every artifact is built from and checked against."""
+
+    model: Any
+    formats: list
+    calibration: np.ndarray | None
+    evaluation: tuple | None
+    left_in_float: list
+    comparison: np.ndarray  # inputs on which each artifact must match the model
+    keras_reference: np.ndarray
+    # The model TFLite and ONNX convert (a float32 copy of a mixed-precision
+    # one), what the report says about it, and its outputs on `comparison`.
+    tflite_source: Any
+    tflite_note: str
+    tflite_reference: np.ndarray
+    sparsity: float
+    loss_fn: Any
+    int8_input_output: bool
+    allow_flex_ops: bool
+    measure_latency: bool
+
+
+@dataclasses.dataclass
+class _Staging:
+    """The staging folder of one export, and the intermediate files its artifacts share."""
+
+    folder: Path
+    graph_dir: Path | None = None  # the SavedModel every .tflite file is converted from
+    onnx_float: Path | None = None  # the float .onnx file, once written (onnx_int8 quantises it)
+
+    @property
+    def scratch(self) -> Path:
+        return self.folder / ".scratch"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Built:
+    """One artifact written into the staging folder, and how to run it."""
+
+    predict: Any
+    runner: Any = None  # a LiteRT or ONNX Runtime model, timed when measure_latency
+    notes: str = ""
+    quantization: dict | None = None
+
+
+def _preflight(model, out_dir, formats, representative_data, eval_data, *, num_calibration_samples,
+               overwrite) -> _Checked:
+    """Refuses bad arguments, cheapest checks first, writing nothing."""
     destination = check_writable_destination(out_dir)
     chosen = preflight.resolve_formats(formats, representative_data is not None)
     if any(FORMATS[f].is_onnx for f in chosen):
@@ -161,137 +236,179 @@ def export_model(
         preflight.check_keras_serializable(model)
     preflight.check_traceable(model, signature, chosen)
     left_in_float = preflight.check_keras_int8_quantizable(model) if "saved_model_int8" in chosen else []
+    return _Checked(destination, chosen, written_names, signature, calibration, evaluation, left_in_float)
 
-    comparison = _comparison_inputs(signature, calibration, evaluation, num_comparison_samples)
-    keras_reference = np.asarray(model.predict(comparison, verbose=0, batch_size=64), dtype=np.float32)
+
+def _prepare(model, checked: _Checked, num_comparison_samples, **options) -> _Job:
+    """Picks the comparison inputs and computes the outputs every artifact must reproduce."""
+    comparison = _comparison_inputs(checked.signature, checked.calibration, checked.evaluation, num_comparison_samples)
+    keras_reference = _predict(model, comparison)
     # TFLite cannot take bfloat16 graphs, and Keras's ONNX export needs a
     # float32 model: convert from a float32 copy, and compare TFLite and ONNX
     # outputs with that copy (the model actually converted).
     tflite_source, tflite_note = model, ""
-    if any(FORMATS[f].is_tflite or FORMATS[f].is_onnx for f in chosen) and is_mixed_precision(model):
+    if any(FORMATS[f].is_tflite or FORMATS[f].is_onnx for f in checked.formats) and is_mixed_precision(model):
         tflite_source = float32_copy(model)
         tflite_note = f"converted from a float32 copy of the {model.dtype_policy.name} model"
-    tflite_reference = (
-        keras_reference if tflite_source is model
-        else np.asarray(tflite_source.predict(comparison, verbose=0, batch_size=64), dtype=np.float32)
+    tflite_reference = keras_reference if tflite_source is model else _predict(tflite_source, comparison)
+    return _Job(
+        model=model,
+        formats=checked.formats,
+        calibration=checked.calibration,
+        evaluation=checked.evaluation,
+        left_in_float=checked.left_in_float,
+        comparison=comparison,
+        keras_reference=keras_reference,
+        tflite_source=tflite_source,
+        tflite_note=tflite_note,
+        tflite_reference=tflite_reference,
+        sparsity=overall_sparsity(model),
+        loss_fn=model_loss_fn(model),
+        **options,
     )
-    sparsity = overall_sparsity(model)
-    loss_fn = model_loss_fn(model)
 
-    rows = []
-    onnx_float = None  # the float .onnx file, once written (onnx_int8 quantises it)
-    with staged_export(destination, written_names, overwrite=overwrite) as staging:
-        scratch = staging / ".scratch"
-        if "saved_model" in chosen:
-            model.export(str(staging / FORMATS["saved_model"].filename), format="tf_saved_model", verbose=False)
-        graph_dir = None
-        if any(FORMATS[f].is_tflite for f in chosen):
-            if "saved_model" in chosen and tflite_source is model:
-                graph_dir = staging / FORMATS["saved_model"].filename
-            else:
-                graph_dir = scratch / "saved_model_for_tflite"
-                tflite_source.export(str(graph_dir), format="tf_saved_model", verbose=False)
-        for name in chosen:
-            spec = FORMATS[name]
-            target = staging / spec.filename
-            notes = ""
-            if name == "keras":
-                model.save(str(target))
-                restored = keras.saving.load_model(str(target))
-                predict = lambda x, m=restored: np.asarray(m.predict(x, verbose=0, batch_size=64))
-                runner = None
-            elif name == "saved_model":
-                predict = _saved_model_predict(str(target))
-                runner = None
-            elif name == "saved_model_int8":
-                _export_keras_int8(model, target)
-                predict = _saved_model_predict(str(target))
-                runner = None
-                if left_in_float:
-                    notes = f"left in float by Keras int8: {', '.join(left_in_float)}"
-            elif spec.is_onnx:
-                if onnx_float is None:
-                    onnx_float = target if name == "onnx" else scratch / "model_for_int8.onnx"
-                    onnx_float.parent.mkdir(parents=True, exist_ok=True)
-                    onnx_export.export_onnx(
-                        tflite_source, onnx_float,
-                        known_layer_names=[l.name for l in model._flatten_layers(include_self=False)],
-                    )
-                if name == "onnx":
-                    if onnx_float != target:
-                        shutil.copyfile(onnx_float, target)
-                    notes = tflite_note
-                else:
-                    how = onnx_export.quantize_int8(
-                        onnx_float, target, calibration, comparison=comparison, reference=tflite_reference,
-                        tolerance=_TOLERANCE[name] * max(float(np.max(np.abs(tflite_reference))), 1e-6))
-                    notes = "; ".join(n for n in (tflite_note, how) if n)
-                runner = onnx_export.OnnxModel(target)
-                predict = runner.predict
-            else:
-                int8_choice = None
-                if name == "tflite_int8":
-                    # Ops whose int8 error breaks verification stay float (or 16x8); see int8_selection.
-                    int8_choice = convert_int8_verified(
-                        str(graph_dir), calibration, comparison, tflite_reference,
-                        _TOLERANCE[name] * max(float(np.max(np.abs(tflite_reference))), 1e-6),
-                        int8_input_output=int8_input_output, allow_flex_ops=allow_flex_ops,
-                        known_layer_names=[l.name for l in model._flatten_layers(include_self=False)],
-                        norm_layers=[l.name for l in model._flatten_layers(include_self=False)
-                                     if isinstance(l, _NORMALIZATION_LAYERS)],
-                    )
-                    content = int8_choice.content
-                else:
-                    content = convert_saved_model(
-                        str(graph_dir),
-                        name.removeprefix("tflite_"),
-                        representative_inputs=calibration,
-                        allow_flex_ops=allow_flex_ops,
-                        known_layer_names=[l.name for l in model._flatten_layers(include_self=False)],
-                    )
-                target.write_bytes(content)
-                try:
-                    runner = LiteRTModel(content)
-                    runner.predict(comparison[:2])  # some kernels only fail once run
-                except ExportError as error:
-                    if not (allow_flex_ops and "Flex" in str(error)):
-                        raise
-                    # Asked for Flex ops: keep the file, say plainly it is unverified.
-                    row = ArtifactReport(format=name, path=spec.filename, sparsity=sparsity, verified=False)
-                    row.size_bytes, row.gzip_bytes = artifact_sizes(target)
-                    row.notes = "uses Flex ops: needs the Flex delegate, so it was not run in ai_edge_litert"
-                    rows.append(row)
-                    continue
-                predict = runner.predict
-                notes = "; ".join(
-                    n for n in (tflite_note, "int8 input/output" if name == "tflite_int8" and int8_input_output else "",
-                                int8_choice.note() if int8_choice is not None else "")
-                    if n
-                )
-            reference = tflite_reference if spec.is_tflite or spec.is_onnx else keras_reference
-            row = _measure(name, spec.filename, target, predict, comparison, reference, evaluation, loss_fn)
-            row.sparsity = sparsity
-            row.notes = "; ".join(n for n in (row.notes, notes) if n)
-            if spec.is_tflite and name == "tflite_int8":
-                row.quantization = int8_choice.to_dict()
-            if runner is not None and measure_latency:
-                row.latency_ms = runner.latency_ms_per_sample(comparison[0])
-            rows.append(row)
-        shutil.rmtree(scratch, ignore_errors=True)
-        write_report(
-            staging,
-            rows,
-            {
-                "model_name": model.name,
-                "formats": chosen,
-                "eval_samples": 0 if evaluation is None else len(evaluation[0]),
-                "comparison_samples": len(comparison),
-                "calibration_samples": 0 if calibration is None else len(calibration),
-                "latency": "median ms per sample, batch 1, 1 thread: ai_edge_litert for .tflite, "
-                "onnxruntime (CPU) for .onnx",
-            },
+
+def _predict(model, x) -> np.ndarray:
+    return np.asarray(model.predict(x, verbose=0, batch_size=64), dtype=np.float32)
+
+
+def _export_graphs(job: _Job, staging: _Staging) -> None:
+    """Writes the SavedModel artifact and the graph the .tflite files are converted from (one when they agree)."""
+    model, chosen = job.model, job.formats
+    if "saved_model" in chosen:
+        model.export(str(staging.folder / FORMATS["saved_model"].filename), format="tf_saved_model", verbose=False)
+    if not any(FORMATS[f].is_tflite for f in chosen):
+        return
+    if "saved_model" in chosen and job.tflite_source is model:
+        staging.graph_dir = staging.folder / FORMATS["saved_model"].filename
+    else:
+        staging.graph_dir = staging.scratch / "saved_model_for_tflite"
+        job.tflite_source.export(str(staging.graph_dir), format="tf_saved_model", verbose=False)
+
+
+def _artifact_row(job: _Job, staging: _Staging, name: str) -> ArtifactReport:
+    """Writes the artifact of format `name` into the staging folder, verifies it and measures it."""
+    spec = FORMATS[name]
+    target = staging.folder / spec.filename
+    if name == "keras":
+        built = _build_keras(job, target)
+    elif name == "saved_model":
+        built = _Built(predict=_saved_model_predict(str(target)))
+    elif name == "saved_model_int8":
+        built = _build_saved_model_int8(job, target)
+    elif spec.is_onnx:
+        built = _build_onnx(job, staging, name, target)
+    else:
+        built = _build_tflite(job, staging, name, target)
+    if isinstance(built, ArtifactReport):  # kept, but could not be run
+        return built
+    reference = job.tflite_reference if spec.is_tflite or spec.is_onnx else job.keras_reference
+    row = _measure(name, spec.filename, target, built.predict, job.comparison, reference, job.evaluation, job.loss_fn)
+    row.sparsity = job.sparsity
+    row.notes = _join_notes(row.notes, built.notes)
+    row.quantization = built.quantization
+    if built.runner is not None and job.measure_latency:
+        row.latency_ms = built.runner.latency_ms_per_sample(job.comparison[0])
+    return row
+
+
+def _build_keras(job: _Job, target: Path) -> _Built:
+    job.model.save(str(target))
+    restored = keras.saving.load_model(str(target))
+    return _Built(predict=lambda x: np.asarray(restored.predict(x, verbose=0, batch_size=64)))
+
+
+def _build_saved_model_int8(job: _Job, target: Path) -> _Built:
+    _export_keras_int8(job.model, target)
+    notes = f"left in float by Keras int8: {', '.join(job.left_in_float)}" if job.left_in_float else ""
+    return _Built(predict=_saved_model_predict(str(target)), notes=notes)
+
+
+def _build_onnx(job: _Job, staging: _Staging, name: str, target: Path) -> _Built:
+    """Writes "onnx" or "onnx_int8"; both come from one float .onnx export."""
+    if staging.onnx_float is None:
+        staging.onnx_float = target if name == "onnx" else staging.scratch / "model_for_int8.onnx"
+        staging.onnx_float.parent.mkdir(parents=True, exist_ok=True)
+        onnx_export.export_onnx(job.tflite_source, staging.onnx_float, known_layer_names=_layer_names(job.model))
+    if name == "onnx":
+        if staging.onnx_float != target:
+            shutil.copyfile(staging.onnx_float, target)
+        notes = job.tflite_note
+    else:
+        how = onnx_export.quantize_int8(
+            staging.onnx_float, target, job.calibration, comparison=job.comparison, reference=job.tflite_reference,
+            tolerance=_allowed_diff(name, job.tflite_reference))
+        notes = _join_notes(job.tflite_note, how)
+    runner = onnx_export.OnnxModel(target)
+    return _Built(predict=runner.predict, runner=runner, notes=notes)
+
+
+def _build_tflite(job: _Job, staging: _Staging, name: str, target: Path) -> _Built | ArtifactReport:
+    """Writes one .tflite file and loads it in LiteRT; a Flex-op file allowed by the user comes back unverified."""
+    int8_choice = None
+    if name == "tflite_int8":
+        # Ops whose int8 error breaks verification stay float (or 16x8); see int8_selection.
+        int8_choice = convert_int8_verified(
+            str(staging.graph_dir), job.calibration, job.comparison, job.tflite_reference,
+            _allowed_diff(name, job.tflite_reference),
+            int8_input_output=job.int8_input_output, allow_flex_ops=job.allow_flex_ops,
+            known_layer_names=_layer_names(job.model),
+            norm_layers=[l.name for l in _layers(job.model) if isinstance(l, _NORMALIZATION_LAYERS)],
         )
-    return ExportResult(out_dir=destination, rows=rows)
+        content = int8_choice.content
+    else:
+        content = convert_saved_model(
+            str(staging.graph_dir),
+            name.removeprefix("tflite_"),
+            representative_inputs=job.calibration,
+            allow_flex_ops=job.allow_flex_ops,
+            known_layer_names=_layer_names(job.model),
+        )
+    target.write_bytes(content)
+    try:
+        runner = LiteRTModel(content)
+        runner.predict(job.comparison[:2])  # some kernels only fail once run
+    except ExportError as error:
+        if not (job.allow_flex_ops and "Flex" in str(error)):
+            raise
+        # Asked for Flex ops: keep the file, say plainly it is unverified.
+        row = ArtifactReport(format=name, path=FORMATS[name].filename, sparsity=job.sparsity, verified=False)
+        row.size_bytes, row.gzip_bytes = artifact_sizes(target)
+        row.notes = "uses Flex ops: needs the Flex delegate, so it was not run in ai_edge_litert"
+        return row
+    if int8_choice is None:
+        return _Built(predict=runner.predict, runner=runner, notes=job.tflite_note)
+    notes = _join_notes(job.tflite_note, "int8 input/output" if job.int8_input_output else "", int8_choice.note())
+    return _Built(predict=runner.predict, runner=runner, notes=notes, quantization=int8_choice.to_dict())
+
+
+def _report_context(job: _Job) -> dict:
+    return {
+        "model_name": job.model.name,
+        "formats": job.formats,
+        "eval_samples": 0 if job.evaluation is None else len(job.evaluation[0]),
+        "comparison_samples": len(job.comparison),
+        "calibration_samples": 0 if job.calibration is None else len(job.calibration),
+        "latency": "median ms per sample, batch 1, 1 thread: ai_edge_litert for .tflite, "
+        "onnxruntime (CPU) for .onnx",
+    }
+
+
+def _layers(model) -> list:
+    return model._flatten_layers(include_self=False)
+
+
+def _layer_names(model) -> list[str]:
+    return [layer.name for layer in _layers(model)]
+
+
+def _allowed_diff(name: str, reference: np.ndarray) -> float:
+    """Largest |artifact - reference| format `name` may show (see `_TOLERANCE`)."""
+    return _TOLERANCE[name] * max(float(np.max(np.abs(reference))), 1e-6)
+
+
+def _join_notes(*notes) -> str:
+    return "; ".join(n for n in notes if n)
 
 
 def _comparison_inputs(signature, calibration, evaluation, count):
@@ -344,7 +461,7 @@ def _measure(name, filename, target, predict, comparison, reference, evaluation,
             f"(finite: {bool(np.all(np.isfinite(outputs)))}) where Keras returns {reference.shape}."
         )
     row.max_abs_diff = float(np.max(np.abs(outputs - reference)))
-    allowed = _TOLERANCE[name] * max(float(np.max(np.abs(reference))), 1e-6)
+    allowed = _allowed_diff(name, reference)
     if row.max_abs_diff > allowed:
         raise ExportError(
             f"{name}: outputs differ from the Keras model's by up to {row.max_abs_diff:.3g} "

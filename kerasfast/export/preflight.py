@@ -93,7 +93,7 @@ def check_traceable(model, signature: ModelSignature, formats) -> None:
                 continue
             specs = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), layer_inputs)
             try:
-                tf.function(lambda *a: layer(*a, training=False) if _accepts_training(layer) else layer(*a)).get_concrete_function(specs)
+                _trace_layer(layer, specs)
             except Exception as layer_error:
                 culprit, reason = layer, _first_line(layer_error)
                 break
@@ -103,6 +103,14 @@ def check_traceable(model, signature: ModelSignature, formats) -> None:
             f"export it: {reason}. Write its call() with keras.ops / TensorFlow ops (no NumPy or Python "
             "values taken from tensors), or export with formats=['keras'] only."
         ) from model_error
+
+
+def _trace_layer(layer, specs) -> None:
+    """Traces `layer` alone on `specs`, raising what tracing raises."""
+    if _accepts_training(layer):
+        tf.function(lambda *a: layer(*a, training=False)).get_concrete_function(specs)
+    else:
+        tf.function(lambda *a: layer(*a)).get_concrete_function(specs)
 
 
 def _accepts_training(layer) -> bool:
@@ -199,7 +207,7 @@ def check_inputs(data, signature: ModelSignature, *, argument: str, limit: int) 
     sample_shape = array.shape[1:]
     expected = signature.input_shape
     compatible = len(sample_shape) == len(expected) and all(
-        e is None or int(e) == int(s) for e, s in zip(expected, sample_shape)
+        e is None or int(e) == int(s) for e, s in zip(expected, sample_shape, strict=True)
     )
     if not compatible:
         raise DataError(

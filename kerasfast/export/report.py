@@ -94,7 +94,7 @@ def write_report(folder: Path, rows: list[ArtifactReport], context: dict) -> Non
     """Writes report.json and report.md into `folder`."""
     payload = {**context, "artifacts": [r.to_dict() for r in rows]}
     (folder / "report.json").write_text(json.dumps(payload, indent=2) + os.linesep)
-    header = [f"# Export report", "", f"Model: `{context.get('model_name', '')}`  "]
+    header = ["# Export report", "", f"Model: `{context.get('model_name', '')}`  "]
     if context.get("eval_samples"):
         header.append(f"Accuracy/loss on {context['eval_samples']} eval samples; TFLite evaluated in LiteRT, "
                       "ONNX in ONNX Runtime.  ")

@@ -14,7 +14,7 @@ import pathlib
 
 import numpy as np
 
-from kerasfast.runs import replace_durably
+from kerasfast._atomic import replace_durably
 
 DPI = 100
 # Colours of the train and validation curves (matplotlib's first two).

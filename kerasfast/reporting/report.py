@@ -116,7 +116,7 @@ def report_or_warning(folder) -> pathlib.Path | None:
 
 
 def _write_page(folder: pathlib.Path, title: str, parts: list[str]) -> pathlib.Path:
-    from kerasfast.runs import replace_durably
+    from kerasfast._atomic import replace_durably
 
     text = page.page(title, parts)
     return replace_durably(folder / REPORT_FILE, lambda temporary: temporary.write_text(text, encoding="utf-8"))

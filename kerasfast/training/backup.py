@@ -24,8 +24,8 @@ import zipfile
 import keras
 import numpy as np
 
+from kerasfast._atomic import replace_durably
 from kerasfast.errors import PlanError
-from kerasfast.runs import replace_durably
 
 STATE_FILE = "state.npz"
 DEFAULT_EVERY_STEPS = 100

@@ -28,9 +28,10 @@ import pathlib
 import keras
 import numpy as np
 
+from kerasfast._atomic import replace_durably
 from kerasfast import _compat
 from kerasfast.errors import ModelError, PlanError, RunFolderError
-from kerasfast.runs import replace_durably, write_json
+from kerasfast.runs import write_json
 from kerasfast.training import optimizers
 from kerasfast.training.inputs import check_inputs_match, prepare_data
 
