@@ -98,6 +98,37 @@ def loss_tracker(model):
     return getattr(model, "_loss_tracker", None)
 
 
+def learning_rate_store(optimizer):
+    """What an optimizer keeps its learning rate in: a variable, or a schedule.
+
+    The public `learning_rate` property reads its current value, and its
+    setter will not put a schedule where a float was (or back); kerasfast
+    swaps the store for a run and puts the user's back afterwards.
+    """
+    return optimizer._learning_rate
+
+
+def set_learning_rate_store(optimizer, store) -> None:
+    optimizer._learning_rate = store
+
+
+def weight_variable(layer, name: str):
+    """The variable Keras keeps behind `layer.kernel` / `layer.embeddings`
+    (`layer._kernel`), or None: the public property may return a computed
+    tensor (with LoRA enabled, kernel + A @ B)."""
+    return getattr(layer, "_" + name, None)
+
+
+def layers_add_losses(model) -> bool:
+    """Whether a layer of `model` (or the model) adds losses in `call` (`add_loss`)."""
+    return any(getattr(layer, "_losses", None) for layer in flatten_layers(model, include_self=True))
+
+
+def variable_strategy(variable):
+    """The tf.distribute strategy a Keras variable was created under, or None."""
+    return getattr(variable.value, "_distribute_strategy", None)
+
+
 def unscale_loss_for_distribution(loss):
     """Undoes Keras's division of the loss by the number of replicas, for logging it."""
     from keras.src.losses.loss import unscale_loss_for_distribution as unscale
@@ -277,6 +308,20 @@ def freeze(concrete_function):
     from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
     return convert_variables_to_constants_v2(concrete_function)
+
+
+def serialized_dataset_graph(dataset) -> bytes:
+    """A `tf.data.Dataset`'s graph as a serialized `GraphDef` (no public accessor)."""
+    return dataset._as_serialized_graph().numpy()
+
+
+def data_service_distribute(**arguments):
+    """`tf.data.experimental.service.distribute` with the arguments only its
+    private implementation takes (`task_refresh_interval_hint_ms`: how often
+    a client polls the dispatcher for a new job's tasks)."""
+    from tensorflow.python.data.experimental.ops.data_service_ops import _distribute
+
+    return _distribute(**arguments)
 
 
 def is_multi_worker(strategy) -> bool:

@@ -196,3 +196,47 @@ def test_freezing_folds_variables_into_constants():
     x = np.ones((3, 4), "float32")
     np.testing.assert_allclose(frozen(tf.constant(x))[0] if isinstance(frozen(tf.constant(x)), list)
                                else frozen(tf.constant(x)), model(x), rtol=1e-6)
+
+
+def test_the_optimizers_learning_rate_store_can_be_swapped_and_put_back():
+    optimizer = keras.optimizers.Adam(1e-3)
+    store = _compat.learning_rate_store(optimizer)
+    assert float(keras.ops.convert_to_numpy(store)) == pytest.approx(1e-3)
+    schedule = keras.optimizers.schedules.ExponentialDecay(1e-2, decay_steps=10, decay_rate=0.5)
+    _compat.set_learning_rate_store(optimizer, schedule)
+    assert float(optimizer.learning_rate) == pytest.approx(1e-2)  # read through the schedule at step 0
+    _compat.set_learning_rate_store(optimizer, store)
+    assert float(optimizer.learning_rate) == pytest.approx(1e-3)
+
+
+def test_added_losses_weight_variables_and_variable_strategy():
+    class Regularised(keras.layers.Layer):
+        def call(self, x):
+            self.add_loss(keras.ops.sum(x))
+            return x
+
+    model = keras.Sequential([keras.Input((4,)), Regularised(), keras.layers.Dense(2, name="dense")])
+    model(np.ones((1, 4), "float32"))
+    assert _compat.layers_add_losses(model)
+    assert not _compat.layers_add_losses(keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)]))
+    dense = model.get_layer("dense")
+    dense.enable_lora(2)
+    assert _compat.weight_variable(dense, "kernel") is not None
+    assert tuple(_compat.weight_variable(dense, "kernel").shape) == (4, 2)
+    assert not isinstance(dense.kernel, keras.Variable)  # the public property is the computed kernel + A @ B
+    strategy = tf.distribute.MirroredStrategy(["CPU:0"])
+    with strategy.scope():
+        variable = keras.Variable(np.zeros(2, "float32"))
+    assert _compat.variable_strategy(variable) is strategy
+
+
+def test_dataset_graph_and_data_service_private_api():
+    import inspect
+
+    from tensorflow.python.data.experimental.ops import data_service_ops
+
+    graph = tf.compat.v1.GraphDef()
+    graph.ParseFromString(_compat.serialized_dataset_graph(tf.data.Dataset.range(3).map(lambda v: v + 1)))
+    assert any(node.op == "MapDataset" for node in graph.node)
+    parameters = inspect.signature(data_service_ops._distribute).parameters
+    assert {"processing_mode", "service", "task_refresh_interval_hint_ms"} <= set(parameters)

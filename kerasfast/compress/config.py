@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 import keras
 
+from kerasfast import _compat
 from kerasfast.compress import schedules as schedules_lib
 from kerasfast.errors import ModelError, PlanError
 
@@ -80,10 +81,10 @@ def _structured_axis(layer) -> int | None:
 def all_layers(model) -> list:
     """Every layer inside `model`, nested models and sub-layers included.
 
-    Uses Keras's layer walk (`_flatten_layers`), the same one that
+    Uses Keras's layer walk (`_compat.flatten_layers`), the same one that
     `Model.weights` relies on, so nothing a model owns is missed.
     """
-    return [layer for layer in model._flatten_layers(include_self=False, recursive=True)]
+    return _compat.flatten_layers(model)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -356,7 +357,7 @@ def _prunable_variable(layer, weight_name: str):
     Keras's `kernel` and `embeddings` properties may return a computed tensor
     (e.g. with LoRA enabled), so the variable under them is read first.
     """
-    variable = getattr(layer, "_" + weight_name, None) if weight_name in ("kernel", "embeddings") else None
+    variable = _compat.weight_variable(layer, weight_name) if weight_name in ("kernel", "embeddings") else None
     if variable is None:
         variable = getattr(layer, weight_name, None)
     return variable

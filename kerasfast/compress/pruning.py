@@ -17,6 +17,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from kerasfast import _compat
 from kerasfast.compress.config import PruningConfig, all_layers, prunable_weight_name
 from kerasfast.compress.constraint import PruningMaskConstraint
 from kerasfast.errors import ModelError, PlanError
@@ -28,7 +29,7 @@ def _strategy_scope_for(variable):
     Masks must be created under the same strategy as their kernel so that
     every replica gets its own (identical) copy.
     """
-    strategy = getattr(variable.value, "_distribute_strategy", None)
+    strategy = _compat.variable_strategy(variable)
     if strategy is None or tf.distribute.has_strategy():
         return contextlib.nullcontext()
     return strategy.scope()

@@ -47,6 +47,7 @@ import urllib.parse
 
 import click
 
+from kerasfast import _compat
 from kerasfast.errors import KerasfastError, PlanError
 
 SHARDING_POLICY = "DYNAMIC"
@@ -120,7 +121,7 @@ def _python_ops(dataset) -> list[str]:
     import tensorflow as tf
 
     graph = tf.compat.v1.GraphDef()
-    graph.ParseFromString(dataset._as_serialized_graph().numpy())  # noqa: SLF001 (no public accessor)
+    graph.ParseFromString(_compat.serialized_dataset_graph(dataset))
     nodes = list(graph.node) + [node for function in graph.library.function for node in function.node_def]
     return sorted({node.op for node in nodes if node.op in _PYTHON_OPS})
 
@@ -234,9 +235,7 @@ def distribute_pass(dataset, data_service: str, batch_size: int | None):
         # polling the dispatcher: TensorFlow's default period (1 s) measured
         # 1.0 s per pass on loopback, 100 ms 0.21 s. Only the private
         # function takes the period.
-        from tensorflow.python.data.experimental.ops.data_service_ops import _distribute
-
-        transform = _distribute(**arguments, task_refresh_interval_hint_ms=TASK_REFRESH_MS)
+        transform = _compat.data_service_distribute(**arguments, task_refresh_interval_hint_ms=TASK_REFRESH_MS)
     except (ImportError, TypeError):
         transform = service.distribute(**arguments)
     served = dataset.apply(transform)

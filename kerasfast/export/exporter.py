@@ -12,6 +12,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from kerasfast import _compat
 from kerasfast.compress.pruning import overall_sparsity
 from kerasfast.errors import ExportError
 from kerasfast.export import onnx_export, preflight
@@ -395,7 +396,7 @@ def _report_context(job: _Job) -> dict:
 
 
 def _layers(model) -> list:
-    return model._flatten_layers(include_self=False)
+    return _compat.flatten_layers(model)
 
 
 def _layer_names(model) -> list[str]:

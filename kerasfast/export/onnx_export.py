@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kerasfast import _compat
 from kerasfast._quiet import filtered_stderr
 from kerasfast.errors import ExportError
 
@@ -104,18 +105,12 @@ def _convert(model, target: Path) -> None:
     constants) and converts `model` with tf2onnx."""
     import tensorflow as tf
     import tf2onnx
-    from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
-    try:  # Keras's fix-up of tf2onnx 1.17 for NumPy 2, as its own model.export applies it
-        from keras.src.export.tf2onnx_lib import patch_tf2onnx
-
-        patch_tf2onnx()
-    except ImportError:
-        pass
+    _compat.patch_tf2onnx()
     (model_input,) = model.inputs
     spec = tf.TensorSpec((None, *model_input.shape[1:]), model_input.dtype, name="inputs")
     traced = tf.function(lambda inputs: model(inputs, training=False), input_signature=[spec])
-    frozen = convert_variables_to_constants_v2(traced.get_concrete_function())
+    frozen = _compat.freeze(traced.get_concrete_function())
     tf2onnx.convert.from_graph_def(
         frozen.graph.as_graph_def(), input_names=[t.name for t in frozen.inputs],
         output_names=[t.name for t in frozen.outputs], output_path=str(target))

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import keras
 
+from kerasfast import _compat
+
 
 def is_mixed_precision(model) -> bool:
     """Whether any layer computes in a dtype other than float32."""
     return any(
         getattr(layer, "compute_dtype", "float32") != "float32"
-        for layer in model._flatten_layers(include_self=False, recursive=True)
+        for layer in _compat.flatten_layers(model)
         if not isinstance(layer, keras.layers.InputLayer)
     )
 

@@ -8,6 +8,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from kerasfast import _compat
 from kerasfast.errors import DataError, ExportError
 from kerasfast.export.formats import DEFAULT_FORMATS, FORMATS
 
@@ -126,7 +127,7 @@ def check_keras_serializable(model) -> None:
     """Refuses models whose layers could not be loaded back from `.keras`."""
     problems = []
     custom_objects = keras.saving.get_custom_objects()
-    for layer in [model, *model._flatten_layers(include_self=False, recursive=True)]:
+    for layer in _compat.flatten_layers(model, include_self=True):
         cls = type(layer)
         builtin = cls.__module__.startswith("keras.")
         registered = keras.saving.get_registered_name(cls) in custom_objects
@@ -151,7 +152,7 @@ def check_keras_int8_quantizable(model) -> list[str]:
     Raises:
         ExportError: if no layer at all can be quantised.
     """
-    layers = model._flatten_layers(include_self=False, recursive=True)
+    layers = _compat.flatten_layers(model)
     quantizable = [l for l in layers if isinstance(l, KERAS_INT8_LAYER_TYPES)]
     left_in_float = [
         l.name for l in layers

@@ -537,8 +537,7 @@ def _compile_for_run(model, plan: Plan, *, loss, optimizer, metrics) -> None:
 
 
 def _has_added_losses(model) -> bool:
-    return any(getattr(layer, "_losses", None) for layer in _compat.flatten_layers(model, include_self=True)) \
-        or bool(getattr(model, "losses", []))
+    return _compat.layers_add_losses(model) or bool(getattr(model, "losses", []))
 
 
 def _build_state(model, plan: Plan, sample_batch) -> None:

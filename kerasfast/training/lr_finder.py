@@ -240,7 +240,7 @@ def _compile_settings(model, loss, optimizer, min_lr: float) -> dict:
     if loss is not None:
         settings["loss"] = loss
     if settings.get("loss") is None and _compat.overridden_step(model, "train_step") is None \
-            and not _has_added_losses(model):
+            and not _compat.layers_add_losses(model):
         raise PlanError("no loss: the model is not compiled with one and find_learning_rate got no loss=. Pass loss= "
                         "(e.g. loss='sparse_categorical_crossentropy') or compile the model first.")
     template = optimizer if optimizer is not None else settings.get("optimizer")
@@ -263,10 +263,6 @@ def _compile_settings(model, loss, optimizer, min_lr: float) -> dict:
     settings.update(optimizer=fresh, metrics=None, weighted_metrics=None, steps_per_execution=1)
     settings.setdefault("jit_compile", "auto")
     return settings
-
-
-def _has_added_losses(model) -> bool:
-    return any(getattr(layer, "_losses", None) for layer in _compat.flatten_layers(model, include_self=True))
 
 
 def _is_one_shot(x) -> bool:

@@ -61,7 +61,7 @@ class LearningRateControl:
         self.factor = 1.0  # all lowering so far, undone when the run ends
 
     def lower(self, factor: float) -> None:
-        rate = self._inner._learning_rate
+        rate = _compat.learning_rate_store(self._inner)
         target = rate.scale if isinstance(rate, ScaledSchedule) else rate
         target.assign(target * factor)
         self.factor *= factor
@@ -88,7 +88,7 @@ def optimizer_settings(optimizer, *, learning_rate=None, clipnorm=None):
     from kerasfast.training.optimizers import unwrap
 
     inner = unwrap(optimizer)
-    saved_rate = inner._learning_rate
+    saved_rate = _compat.learning_rate_store(inner)
     saved_clip = (inner.clipnorm, inner.clipvalue, inner.global_clipnorm)
     saved_value = None
     control = LearningRateControl(inner)
@@ -98,20 +98,20 @@ def optimizer_settings(optimizer, *, learning_rate=None, clipnorm=None):
                 saved_value = saved_rate.numpy()
                 saved_rate.assign(learning_rate)
             else:
-                inner._learning_rate = learning_rate
-        if isinstance(inner._learning_rate, keras.optimizers.schedules.LearningRateSchedule):
-            inner._learning_rate = ScaledSchedule(inner._learning_rate)
+                _compat.set_learning_rate_store(inner, learning_rate)
+        if isinstance(_compat.learning_rate_store(inner), keras.optimizers.schedules.LearningRateSchedule):
+            _compat.set_learning_rate_store(inner, ScaledSchedule(_compat.learning_rate_store(inner)))
         if clipnorm is not None:
             inner.clipnorm, inner.clipvalue, inner.global_clipnorm = None, None, clipnorm
         yield control
     finally:
         if saved_value is not None:
             saved_rate.assign(saved_value)
-        elif control.factor != 1.0 and inner._learning_rate is saved_rate:
+        elif control.factor != 1.0 and _compat.learning_rate_store(inner) is saved_rate:
             # The optimizer's own rate stays as training left it (a callback
             # may have lowered it, as in Keras) minus the recoveries' halving.
             saved_rate.assign(saved_rate / control.factor)
-        inner._learning_rate = saved_rate
+        _compat.set_learning_rate_store(inner, saved_rate)
         inner.clipnorm, inner.clipvalue, inner.global_clipnorm = saved_clip
 
 
