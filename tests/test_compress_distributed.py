@@ -18,7 +18,7 @@ _SCRIPT = textwrap.dedent(
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     import keras
     from kerasfast.compress import PruningConfig, apply_pruning, finalize_pruning, measure_sparsity
-    from kerasfast.compress.pruning import pruning_constraints
+    from kerasfast.compress.attach import pruning_constraints
 
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     keras.utils.set_random_seed(0)

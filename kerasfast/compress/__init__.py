@@ -14,7 +14,7 @@ Low level (what `kerasfast.fit(..., prune=...)` uses):
 from kerasfast.compress.config import PRUNABLE_LAYER_TYPES, PruningConfig
 from kerasfast.compress.masks import m_by_n_mask, magnitude_mask
 from kerasfast.compress.prune import PruneResult, prune, pruning_for_run, schedule_steps
-from kerasfast.compress.pruning import (
+from kerasfast.compress.attach import (
     apply_pruning,
     finalize_pruning,
     format_pruning_summary,

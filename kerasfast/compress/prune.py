@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from kerasfast.compress.config import PruningConfig
 from kerasfast.compress.finetune import fine_tune_rate
-from kerasfast.compress.pruning import apply_pruning, finalize_pruning, format_pruning_summary
+from kerasfast.compress.attach import apply_pruning, finalize_pruning, format_pruning_summary
 from kerasfast.errors import DataError, PlanError
 from kerasfast.training.session import optimizer_settings
 

@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from kerasfast import _compat
-from kerasfast.compress.pruning import overall_sparsity
+from kerasfast.compress.attach import overall_sparsity
 from kerasfast.errors import ExportError
 from kerasfast.export import onnx_export, preflight
 from kerasfast.export.atomic import REPORT_NAMES, check_destination, check_writable_destination, staged_export

@@ -1,4 +1,7 @@
-"""Attach pruning masks to a model's kernels and fold them in at the end.
+"""Attaching pruning masks to a model's kernels, and folding them in at the end.
+
+(`prune.py` is the high-level `prune()`, which fine-tunes with these; the
+masks' arithmetic is in `masks.py`.)
 
 The two functions here are the pieces `kerasfast.fit(..., prune=...)` and
 `kerasfast.compress.prune` build on; neither trains anything itself:
