@@ -14,6 +14,7 @@ import json
 import math
 from typing import Any
 
+from kerasfast._checks import is_int, is_number
 from kerasfast.errors import PlanError
 from kerasfast.hardware import Hardware
 
@@ -314,14 +315,6 @@ class Overrides:
         return tuple(chosen)
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def keras_policy(precision: str) -> str:
     """The Keras dtype policy that the model is built under for `precision`.
 
@@ -532,7 +525,7 @@ def _resolve_jit(requested, hardware, model: ModelFacts, run: RunFacts, train_st
 
 def _resolve_steps_per_execution(requested, data: DataFacts, model: ModelFacts, run: RunFacts, batch_size) -> tuple[int, str]:
     if requested != "auto":
-        if not _is_int(requested) or requested < 1:
+        if not is_int(requested) or requested < 1:
             raise PlanError(f"steps_per_execution={requested!r} is not valid: use 'auto' or an integer >= 1.")
         return requested, "requested"
     if run.user_batch_callbacks:
@@ -571,7 +564,7 @@ def _resolve_threads(requested_intra, requested_inter, hardware: Hardware, run: 
     requested = {"intra_op_threads": requested_intra, "inter_op_threads": requested_inter}
     values, reasons = {}, {}
     for name, value in requested.items():
-        if value != "auto" and (not _is_int(value) or value < 0):
+        if value != "auto" and (not is_int(value) or value < 0):
             raise PlanError(f"{name}={value!r} is not valid: use 'auto' or an integer >= 0 (0 = TensorFlow's default).")
     if run.tf_runtime_started:
         for name, value in requested.items():
@@ -753,7 +746,7 @@ def _resolve_remat(remat) -> tuple[str | None, str]:
 
 
 def _resolve_grad_accum_steps(grad_accum_steps) -> tuple[int, str]:
-    if not _is_int(grad_accum_steps) or grad_accum_steps < 1:
+    if not is_int(grad_accum_steps) or grad_accum_steps < 1:
         raise PlanError(
             f"grad_accum_steps={grad_accum_steps!r} is not valid: use an integer >= 1 (1 = update every step)."
         )
@@ -763,7 +756,7 @@ def _resolve_grad_accum_steps(grad_accum_steps) -> tuple[int, str]:
 
 
 def _resolve_global_batch(batch_size, data: DataFacts, overridden: list) -> tuple[int, str]:
-    if batch_size is not None and (not _is_int(batch_size) or batch_size < 1):
+    if batch_size is not None and (not is_int(batch_size) or batch_size < 1):
         raise PlanError(f"batch_size={batch_size!r} is not valid: use a positive integer (or 'auto' in kerasfast.fit).")
     if data.batch_size is not None:
         reason = f"{data.batch_size}: set by the dataset"
@@ -806,7 +799,7 @@ def _resolve_model_precision(hardware: Hardware, precision, model: ModelFacts, t
 def _resolve_steps_per_epoch(steps_per_epoch, data: DataFacts, global_batch: int,
                              overridden: list) -> tuple[int | None, str]:
     if steps_per_epoch is not None:
-        if not _is_int(steps_per_epoch) or steps_per_epoch < 1:
+        if not is_int(steps_per_epoch) or steps_per_epoch < 1:
             raise PlanError(f"steps_per_epoch={steps_per_epoch!r} is not valid: use an integer >= 1 or None.")
         overridden.append("steps_per_epoch")
         return steps_per_epoch, "requested"
@@ -817,7 +810,7 @@ def _resolve_steps_per_epoch(steps_per_epoch, data: DataFacts, global_batch: int
 
 
 def _resolve_clipnorm(clipnorm) -> tuple[float | None, str]:
-    if clipnorm is not None and (not _is_number(clipnorm) or clipnorm <= 0):
+    if clipnorm is not None and (not is_number(clipnorm) or clipnorm <= 0):
         raise PlanError(f"clipnorm={clipnorm!r} is not valid: use a positive number or None.")
     return clipnorm, "off: not requested" if clipnorm is None else f"global gradient norm clipped to {clipnorm}"
 
@@ -838,7 +831,7 @@ def _resolve_learning_rate(overrides: Overrides, model: ModelFacts, total_steps:
     learning_rate, lr_schedule = overrides.learning_rate, overrides.lr_schedule
     if lr_schedule != "auto" and lr_schedule not in LR_SCHEDULES:
         raise PlanError(f"lr_schedule={lr_schedule!r} is not known: use 'auto' or one of {', '.join(LR_SCHEDULES)}.")
-    if learning_rate is not None and (not _is_number(learning_rate) or learning_rate <= 0):
+    if learning_rate is not None and (not is_number(learning_rate) or learning_rate <= 0):
         raise PlanError(f"learning_rate={learning_rate!r} is not valid: use a positive number.")
     reasons = {}
     optimizer, reasons["optimizer"], peak, schedule, reasons["lr_schedule"] = _resolve_optimizer_and_schedule(
@@ -899,7 +892,7 @@ def _resolve_warmup(warmup_steps, schedule: str, total_steps: int | None) -> tup
             chosen = min(max(1, int(total_steps * WARMUP_FRACTION)), int(total_steps * HOLD_FRACTION),
                          total_steps - 1)
             return chosen, f"{WARMUP_FRACTION:.0%} of {total_steps} steps"
-        if not _is_int(warmup_steps) or not 0 <= warmup_steps < total_steps:
+        if not is_int(warmup_steps) or not 0 <= warmup_steps < total_steps:
             raise PlanError(f"warmup_steps={warmup_steps!r} is not valid: use an integer in [0, {total_steps}).")
         return warmup_steps, "requested"
     if warmup_steps != "auto":

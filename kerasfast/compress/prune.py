@@ -9,6 +9,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from kerasfast._checks import is_number
 from kerasfast.compress.config import PruningConfig
 from kerasfast.compress.finetune import fine_tune_rate
 from kerasfast.compress.attach import apply_pruning, finalize_pruning, format_pruning_summary
@@ -116,7 +117,7 @@ def pruning_for_run(prune, total_steps: int) -> PruningConfig:
         arguments = {field.name: getattr(prune, field.name) for field in dataclasses.fields(PruningConfig)}
     elif isinstance(prune, dict):
         arguments = dict(prune)
-    elif isinstance(prune, (int, float)) and not isinstance(prune, bool):
+    elif is_number(prune):
         arguments = {"target_sparsity": float(prune)}
     else:
         raise PlanError(

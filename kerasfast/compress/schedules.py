@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from kerasfast._checks import is_int
 from kerasfast.errors import PlanError
 
 
@@ -37,7 +38,7 @@ def _check_sparsity(value, name):
 
 def _check_steps(begin_step, end_step, frequency, allow_forever):
     for name, value in (("begin_step", begin_step), ("end_step", end_step), ("frequency", frequency)):
-        if not isinstance(value, int) or isinstance(value, bool):
+        if not is_int(value):
             raise PlanError(f"{name} must be an int, got {value!r}.")
     if begin_step < 0:
         raise PlanError(f"begin_step={begin_step} must be >= 0.")

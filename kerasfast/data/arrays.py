@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from kerasfast._checks import is_int
 from kerasfast.errors import DataError
 
 
@@ -69,7 +70,7 @@ def array_dataset(
     """
     import tensorflow as tf
 
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+    if not is_int(batch_size) or batch_size < 1:
         raise DataError(f"batch_size={batch_size!r}: pass a positive integer.")
     data = x if y is None else (x, y)
     leaves = tf.nest.flatten(data)

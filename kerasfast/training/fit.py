@@ -31,14 +31,14 @@ import tensorflow as tf
 
 from kerasfast import _compat, costs, threads
 from kerasfast.data import service
+from kerasfast._checks import is_int, is_number
 from kerasfast.distribute import resolve_strategy
 from kerasfast.distribute.consensus import check_same_plan, chief_value
 from kerasfast.distribute.failures import lost_peer_errors
 from kerasfast.errors import DataError, PlanError, RunFolderError
 from kerasfast.hardware import detect_hardware
 from kerasfast.plan import (
-    COMPUTATION_FIELDS, ModelFacts, Overrides, Plan, RunFacts, _is_int, _is_number, candidate_plans, compute_dtype,
-    resolve_plan,
+    COMPUTATION_FIELDS, ModelFacts, Overrides, Plan, RunFacts, candidate_plans, compute_dtype, resolve_plan,
 )
 from kerasfast.runs import DEFAULT_ROOT, new_run_dir, save_model, write_json
 from kerasfast.training import optimizers
@@ -151,7 +151,7 @@ def _check_run_arguments(epochs, initial_epoch, validation_freq, steps_per_epoch
     if resume not in RESUME_MODES:
         raise PlanError(f"resume={resume!r} is not valid: use one of {', '.join(map(repr, RESUME_MODES))}.")
     for name, value, low in (("epochs", epochs, 1), ("initial_epoch", initial_epoch, 0)):
-        if not _is_int(value) or value < low:
+        if not is_int(value) or value < low:
             raise PlanError(f"{name}={value!r} is not valid: use an integer >= {low}.")
     if initial_epoch >= epochs:
         raise PlanError(
@@ -159,10 +159,10 @@ def _check_run_arguments(epochs, initial_epoch, validation_freq, steps_per_epoch
             "the last epoch (as in Keras), so pass epochs > initial_epoch."
         )
     for name, value in (("steps_per_epoch", steps_per_epoch), ("validation_steps", validation_steps)):
-        if value is not None and (not _is_int(value) or value < 1):
+        if value is not None and (not is_int(value) or value < 1):
             raise PlanError(f"{name}={value!r} is not valid: use an integer >= 1 or None.")
-    if not (_is_int(validation_freq) and validation_freq >= 1) and not (
-            isinstance(validation_freq, (list, tuple, set)) and all(_is_int(v) for v in validation_freq)):
+    if not (is_int(validation_freq) and validation_freq >= 1) and not (
+            isinstance(validation_freq, (list, tuple, set)) and all(is_int(v) for v in validation_freq)):
         raise PlanError(f"validation_freq={validation_freq!r} is not valid: use an integer >= 1 or a list of epochs.")
 
 
@@ -176,7 +176,7 @@ _RECORDED_CHOICES = {"precision": "precision", "jit_compile": "jit_compile",
 def _check_divergence_arguments(on_nan, max_recoveries, loss_upper_bound) -> None:
     if on_nan not in ON_NAN:
         raise PlanError(f"on_nan={on_nan!r} is not valid: use one of {', '.join(map(repr, ON_NAN))}.")
-    if not _is_int(max_recoveries) or max_recoveries < 0:
+    if not is_int(max_recoveries) or max_recoveries < 0:
         raise PlanError(f"max_recoveries={max_recoveries!r} is not valid: use an integer >= 0.")
     if loss_upper_bound is not None and (isinstance(loss_upper_bound, bool)
                                          or not isinstance(loss_upper_bound, (int, float)) or loss_upper_bound <= 0):
@@ -252,7 +252,7 @@ def _model_facts(model, train_data, optimizer) -> ModelFacts:
         user_learning_rate=optimizers.constant_learning_rate(template) if template is not None else None,
         custom_train_step=own_step,
         compile_jit_compile=settings.get("jit_compile", "auto"),
-        compile_steps_per_execution=spe if _is_int(spe) else 1,
+        compile_steps_per_execution=spe if is_int(spe) else 1,
         run_eagerly=bool(settings.get("run_eagerly")),
         loss_scaled=isinstance(template, keras.optimizers.LossScaleOptimizer),
     )
@@ -866,7 +866,7 @@ def _check_fit_arguments(*, epochs, initial_epoch, validation_freq, steps_per_ep
     _check_divergence_arguments(on_nan, max_recoveries, loss_upper_bound)
     if tune not in ("auto", "off", "full"):
         raise PlanError(f"tune={tune!r} is not valid: use 'auto', 'off' or 'full'.")
-    if tune_budget_s is not None and (not _is_number(tune_budget_s) or tune_budget_s < 0):
+    if tune_budget_s is not None and (not is_number(tune_budget_s) or tune_budget_s < 0):
         raise PlanError(f"tune_budget_s={tune_budget_s!r} is not valid: use a number of seconds >= 0 or None.")
     if on_error not in ("raise", "skip"):
         raise PlanError(f"on_error={on_error!r} is not valid: use 'raise' or 'skip'.")

@@ -25,6 +25,7 @@ import os
 import numpy as np
 
 from kerasfast import _compat
+from kerasfast._checks import is_number
 from kerasfast.errors import DataError
 from kerasfast.plan import DataFacts
 
@@ -142,8 +143,7 @@ def split_validation(x, y, sample_weight, validation_split):
     Raises:
         DataError: For a fraction outside [0, 1), or data that is not arrays.
     """
-    if isinstance(validation_split, bool) or not isinstance(validation_split, (int, float)) \
-            or not 0 <= validation_split < 1:
+    if not is_number(validation_split) or not 0 <= validation_split < 1:
         raise DataError(f"validation_split={validation_split!r}: pass a fraction in [0, 1), e.g. 0.2.")
     if not _compat.can_convert_arrays((x, y, sample_weight)) or isinstance(x, (str, os.PathLike)):
         raise DataError(
