@@ -154,7 +154,8 @@ def plot_history(history: dict, path: pathlib.Path, title: str) -> pathlib.Path:
 
     names = [name for name in history if not name.startswith("val_")]
     figure, axes = plt.subplots(1, max(1, len(names)), figsize=(4.5 * max(1, len(names)), 3.5), squeeze=False)
-    for axis, name in zip(axes[0], names):
+    # A figure with no curves still has one (empty) panel.
+    for axis, name in zip(axes[0], names, strict=False):
         epochs = range(1, len(history[name]) + 1)
         axis.plot(epochs, history[name], marker="o", label="train")
         if f"val_{name}" in history:

@@ -55,7 +55,7 @@ def table(header: list, rows: list, numeric: tuple = ()) -> str:
     body = []
     for row in rows:
         cells = "".join(f'<td class="num">{escape(value)}</td>' if name in numeric else f"<td>{escape(value)}</td>"
-                        for name, value in zip(header, row))
+                        for name, value in zip(header, row, strict=True))
         body.append(f"<tr>{cells}</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 

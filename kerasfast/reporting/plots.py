@@ -246,7 +246,7 @@ def plot_export(artifacts: list, path: pathlib.Path, title: str = "") -> pathlib
     values = _floats([row.get(measure) for row in artifacts])
     if np.isfinite(values).any():
         quality.bar(positions, values, color=TRAIN)
-        for x, value in zip(positions, values):
+        for x, value in zip(positions, values, strict=True):
             if np.isfinite(value):
                 quality.annotate(f"{value:.4f}", (x, value), ha="center", va="bottom", fontsize="small")
         if measure == "accuracy":

@@ -356,7 +356,7 @@ def _input_name(spec) -> str:
 
 def _shapes_compatible(given: tuple, expected: tuple) -> bool:
     if len(given) == len(expected):
-        return all(e is None or e == g for g, e in zip(given[1:], expected[1:]))
+        return all(e is None or e == g for g, e in zip(given[1:], expected[1:], strict=True))
     # Keras's leniency: a (batch,) feature feeds a (None, 1) input, and the reverse.
     if len(given) + 1 == len(expected) and expected[-1] == 1:
         return _shapes_compatible(given + (1,), expected)

@@ -117,7 +117,7 @@ def copy_weights(source, target) -> None:
             f"cannot carry weights from {source.name!r} to its rebuilt copy: {len(source_weights)} vs "
             f"{len(target_weights)} weights. Pass a builder callable to kerasfast.fit instead."
         )
-    for src, dst in zip(source_weights, target_weights):
+    for src, dst in zip(source_weights, target_weights, strict=True):
         if tuple(src.shape) != tuple(dst.shape):
             raise ModelError(
                 f"cannot carry weight {src.path} {tuple(src.shape)} to {dst.path} {tuple(dst.shape)}: the rebuilt "
@@ -163,8 +163,8 @@ def computing_in(model, policy: str, remat: str | None = None):
     Example:
 
     >>> with computing_in(model, "mixed_bfloat16"):
-    ...     model.layers[0].compute_dtype
-    'bfloat16'
+    ...     model.layers[0].compute_dtype, model.layers[-1].compute_dtype  # the output layer stays float32
+    ('bfloat16', 'float32')
     >>> model.layers[0].compute_dtype
     'float32'
     """

@@ -165,7 +165,7 @@ class StepFunctions:
         def micro_step(data):
             x, y, sample_weight = _unpack(data)
             loss, y_pred, gradients = compute(x, y, sample_weight)
-            for accumulator, gradient in zip(self._accumulators, gradients):
+            for accumulator, gradient in zip(self._accumulators, gradients, strict=True):
                 accumulator.assign_add(gradient)
             return self._track(x, y, y_pred, sample_weight, loss)
 
