@@ -7,8 +7,14 @@ The layout follows a run's path: `hardware` and `plan` resolve what to do,
 Example:
 
 >>> import kerasfast
->>> result = kerasfast.fit(model, (x, y), epochs=5)
->>> print(result.plan)
+>>> x = np.random.default_rng(0).normal(size=(256, 8)).astype("float32")
+>>> y = (x.sum(axis=1) > 0).astype("int32")
+>>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2, activation="softmax")])
+>>> result = kerasfast.fit(model, (x, y), epochs=2, loss="sparse_categorical_crossentropy",
+...                        run_dir=False, verbose=0)
+>>> print(result.plan)  # every choice and why; the choices depend on the machine
+kerasfast plan
+  strategy ...
 """
 
 # TensorFlow's start-up chatter (oneDNN notices, CUDA probing) would bury

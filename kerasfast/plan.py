@@ -627,6 +627,7 @@ def resolve_plan(
 
     Example:
 
+    >>> from kerasfast.hardware import detect_hardware
     >>> plan = resolve_plan(detect_hardware(), batch_size=64)
     >>> plan.global_batch_size
     64
@@ -913,7 +914,10 @@ def candidate_plans(plan: Plan, hardware: Hardware, model: ModelFacts, run: RunF
 
     Example:
 
-    >>> plans = candidate_plans(plan, detect_hardware(), ModelFacts(), RunFacts())
+    >>> from kerasfast.hardware import detect_hardware
+    >>> hardware = detect_hardware()
+    >>> plan = resolve_plan(hardware, batch_size=64)
+    >>> plans = candidate_plans(plan, hardware, ModelFacts(), RunFacts())
     >>> plans[0] is plan
     True
     """

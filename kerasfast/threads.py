@@ -41,8 +41,11 @@ def configure_threads(intra_op_threads: int | None = None, inter_op_threads: int
 
     Example:
 
+    Not run as a doctest: it must come before TensorFlow starts, and the
+    counts depend on the machine (here, 2 cores).
+
     >>> import kerasfast
-    >>> kerasfast.configure_threads()  # first thing in the script
+    >>> kerasfast.configure_threads()  # first thing in the script  # doctest: +SKIP
     (2, 2)
     """
     import tensorflow as tf

@@ -220,6 +220,8 @@ def distribute_pass(dataset, data_service: str, batch_size: int | None):
 
     Example:
 
+    Not run as a doctest: it needs a running dispatcher and service workers.
+
     >>> ds = distribute_pass(kerasfast.data.tfrecord_dataset("data/train", batch_size=64, repeat=1),
     ...                      "grpc://10.0.0.5:5050", 64)                       # doctest: +SKIP
     """
@@ -330,7 +332,7 @@ def serve_dispatcher(port: int, work_dir: str | None = None) -> None:
 
     Example:
 
-    >>> serve_dispatcher(5050)   # doctest: +SKIP
+    >>> serve_dispatcher(5050)   # serves until stopped  # doctest: +SKIP
     """
     import tensorflow as tf
 
@@ -354,7 +356,7 @@ def serve_worker(dispatcher: str, port: int = 0, host: str = "localhost") -> Non
 
     Example:
 
-    >>> serve_worker("10.0.0.5:5050", host="10.0.0.7")   # doctest: +SKIP
+    >>> serve_worker("10.0.0.5:5050", host="10.0.0.7")   # serves until stopped  # doctest: +SKIP
     """
     import tensorflow as tf
 

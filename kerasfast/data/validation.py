@@ -223,8 +223,10 @@ def check_tfrecords(
 
     Example:
 
-    >>> report = kerasfast.data.check_tfrecords("data/train")   # doctest: +SKIP
-    >>> print(report.summary())                                  # doctest: +SKIP
+    >>> x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+    >>> _ = kerasfast.data.write_tfrecords((x, np.arange(64) % 10), "data/train", shards=2)
+    >>> print(kerasfast.data.check_tfrecords("data/train").summary())
+    2 file(s), 64 records, no problems found.
     """
     resolved = resolve_files(path_or_pattern, features=features)
     expected = expected_compression(resolved.schema, compression, resolved.schema_path is not None)
@@ -266,8 +268,16 @@ def locate_damage(
 
     Example:
 
-    >>> problem = kerasfast.data.locate_damage("data/train")   # doctest: +SKIP
-    >>> problem.file, problem.index, problem.offset, problem.kind  # doctest: +SKIP
+    >>> import pathlib
+    >>> x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+    >>> _ = kerasfast.data.write_tfrecords((x, np.arange(64) % 10), "data/train", shards=2)
+    >>> print(kerasfast.data.locate_damage("data/train"))
+    None
+    >>> last = pathlib.Path("data/train/data-00001-of-00002.tfrecord")
+    >>> _ = last.write_bytes(last.read_bytes()[:-5])  # as an interrupted copy leaves it
+    >>> problem = kerasfast.data.locate_damage("data/train")
+    >>> problem.file == str(last), problem.index, problem.offset, problem.kind
+    (True, 31, 1767, 'truncated')
     """
     return _scan(path_or_files, features, compression, image_size)[1]
 

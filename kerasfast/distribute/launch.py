@@ -544,6 +544,8 @@ def launch(command: list[str], num_workers: int, *, port: int | None = None, hos
 
     Example:
 
+    Not run as a doctest: it starts worker processes that train.
+
     >>> launch([sys.executable, "train.py"], num_workers=2, restarts=3)  # doctest: +SKIP
     0
     """

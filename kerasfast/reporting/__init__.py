@@ -7,7 +7,10 @@ page (`page`).
 
 Example:
 
->>> result = kerasfast.fit(model, x, y, epochs=3, run_dir="runs/first")  # writes runs/first/report.html
+>>> x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+>>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+>>> result = kerasfast.fit(model, x, x.sum(axis=1), epochs=3, loss="mse", run_dir="runs/first",
+...                        verbose=0)  # writes runs/first/report.html
 >>> kerasfast.write_report("runs/first")  # regenerates it
 PosixPath('runs/first/report.html')
 """

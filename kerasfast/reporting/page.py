@@ -33,7 +33,9 @@ def image(path: pathlib.Path, alt: str) -> str:
 
     Example:
 
-    >>> image(pathlib.Path("curves.png"), "loss and metrics")[:32]
+    >>> from kerasfast.reporting.plots import plot_curves
+    >>> png = plot_curves({"loss": [0.9, 0.5]}, pathlib.Path("curves.png"))
+    >>> image(png, "loss and metrics")[:32]
     '<img alt="loss and metrics" src='
     """
     data = base64.b64encode(pathlib.Path(path).read_bytes()).decode("ascii")

@@ -50,7 +50,9 @@ def write_report(folder) -> pathlib.Path:
 
     Example:
 
-    >>> result = kerasfast.fit(model, x, y, epochs=3, run_dir="runs/first")
+    >>> x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    >>> result = kerasfast.fit(model, x, x.sum(axis=1), epochs=3, loss="mse", run_dir="runs/first", verbose=0)
     >>> kerasfast.write_report("runs/first")
     PosixPath('runs/first/report.html')
     """
@@ -103,8 +105,12 @@ def report_or_warning(folder) -> pathlib.Path | None:
 
     Example:
 
-    >>> report_or_warning("runs/first")
-    PosixPath('runs/first/report.html')
+    >>> import warnings
+    >>> with warnings.catch_warnings(record=True, action="always") as caught:
+    ...     report_or_warning("runs/missing")  # None: no report, and no exception
+    >>> print(caught[0].message)
+    kerasfast: the run's files are in runs/missing, but its report.html could not be written (ReportError: ...);
+    regenerate it with `kerasfast report runs/missing`.
     """
     try:
         return write_report(folder)

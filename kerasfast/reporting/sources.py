@@ -122,8 +122,13 @@ def read_run(folder: pathlib.Path) -> RunRecord:
 
     Example:
 
-    >>> read_run(pathlib.Path("kerasfast_runs/20261129-210300-3f2a")).plan["fields"]["precision"]["value"]
-    'float32'
+    >>> x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    >>> _ = kerasfast.fit(model, x, x.sum(axis=1), epochs=2, loss="mse", precision="float32",
+    ...                   run_dir="runs/first", verbose=0)
+    >>> run = read_run(pathlib.Path("runs/first"))
+    >>> run.plan["fields"]["precision"]["value"], len(run.history["loss"])
+    ('float32', 2)
     """
     folder = pathlib.Path(folder)
     plan, history, result = (read_json(folder / name, _HOW_TO_GET[name]) for name in RUN_FILES)

@@ -752,9 +752,16 @@ def fit(
 
     Example:
 
-    >>> result = kerasfast.fit(model, x, y, epochs=3, batch_size=64, validation_split=0.1, run_dir=False)
-    >>> print(result.plan)
-    >>> result.throughput.samples_per_second
+    >>> x = np.random.default_rng(0).normal(size=(256, 8)).astype("float32")
+    >>> y = (x.sum(axis=1) > 0).astype("int32")
+    >>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2, activation="softmax")])
+    >>> result = kerasfast.fit(model, x, y, epochs=3, batch_size=64, validation_split=0.1, run_dir=False,
+    ...                        loss="sparse_categorical_crossentropy", verbose=0)
+    >>> print(result.plan)  # every choice and why; the choices depend on the machine
+    kerasfast plan
+      strategy ...
+    >>> len(result.history.history["val_loss"]), result.throughput.samples_per_second > 0
+    (3, True)
     """
     x = _one_training_data(x, data)
     _check_fit_arguments(epochs=epochs, initial_epoch=initial_epoch, validation_freq=validation_freq,

@@ -160,9 +160,15 @@ def find_learning_rate(model, x, y=None, *, batch_size: int | None = None, loss=
 
     Example:
 
-    >>> finding = kerasfast.find_learning_rate(model, x, y, batch_size=64, run_dir="lr")
-    >>> print(finding.suggestion, finding.reason)
-    >>> kerasfast.fit(model, x, y, learning_rate=finding.suggestion)
+    >>> x = np.random.default_rng(0).normal(size=(512, 4)).astype("float32")
+    >>> y = x @ np.array([1.0, -2.0, 3.0, 0.5], "float32")
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    >>> finding = kerasfast.find_learning_rate(model, x, y, loss="mse", batch_size=32, run_dir="lr")
+    >>> print(finding.reason)  # the rates depend on the data and the machine
+    steepest descent of the smoothed loss at ...
+    >>> result = kerasfast.fit(model, x, y, loss="mse", learning_rate=finding.suggestion, run_dir=False, verbose=0)
+    >>> result.plan.learning_rate == finding.suggestion
+    True
     """
     _check_arguments(batch_size, min_lr, max_lr, num_steps, smoothing, diverge_factor)
     if not isinstance(model, keras.Model):

@@ -162,6 +162,7 @@ def computing_in(model, policy: str, remat: str | None = None):
 
     Example:
 
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(1)])
     >>> with computing_in(model, "mixed_bfloat16"):
     ...     model.layers[0].compute_dtype, model.layers[-1].compute_dtype  # the output layer stays float32
     ('bfloat16', 'float32')

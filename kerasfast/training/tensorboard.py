@@ -84,7 +84,8 @@ def tensorboard_callback(run_dir: str | pathlib.Path, plan) -> keras.callbacks.T
 
     Example:
 
-    >>> callback = tensorboard_callback("runs/a", result.plan)
+    >>> plan = kerasfast.resolve_plan(kerasfast.detect_hardware(), batch_size=64)
+    >>> callback = tensorboard_callback("runs/a", plan)
     >>> callback.log_dir
     'runs/a/tensorboard'
     """

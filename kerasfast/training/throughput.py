@@ -69,9 +69,13 @@ class ThroughputMeter(keras.callbacks.Callback):
 
     Example:
 
-    >>> meter = ThroughputMeter(lambda a, b: (b - a + 1) * 32)
-    >>> model.fit(x, y, batch_size=32, callbacks=[meter])
-    >>> meter.result().samples_per_second
+    >>> x, y = np.zeros((128, 4), "float32"), np.zeros((128, 1), "float32")
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    >>> model.compile(optimizer="sgd", loss="mse")
+    >>> meter = ThroughputMeter(lambda a, b: (b - a + 1) * 32)  # 32 samples per step
+    >>> _ = model.fit(x, y, batch_size=32, callbacks=[meter], verbose=0)
+    >>> meter.result().samples_per_second > 0
+    True
     >>> meter.timeline()["step"][:3]  # steps done at the first executions' ends
     [1, 2, 3]
     """
