@@ -38,7 +38,7 @@ class FolderDataset:
     @property
     def expected(self) -> dict:
         """Absolute shard path -> `ShardInfo` (record count and size as written)."""
-        return {os.path.abspath(f): s for f, s in zip(self.files, self.schema.shards)}
+        return {os.path.abspath(f): s for f, s in zip(self.files, self.schema.shards, strict=True)}
 
 
 def load_folder(folder: str) -> FolderDataset | None:

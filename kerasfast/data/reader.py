@@ -124,7 +124,70 @@ class DatasetInfo:
         return explain_data_error(error, self)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Request:
+    """The pipeline arguments of `tfrecord_dataset`, as given or, once resolved, with "auto" filled in."""
+
+    batch_size: int
+    shuffle: bool
+    seed: int | None
+    compression: str | None
+    image_size: Sequence[int] | None
+    cycle_length: int | None
+    read_block: int | None
+    num_parallel_reads: int | None
+    deterministic: bool | None
+    shuffle_buffer: int | None
+    parse_parallelism: int | None
+    cache: str | None
+    repeat: bool | int
+    drop_remainder: bool
+    prefetch: int | None
+    read_buffer_bytes: int | None
+    on_error: str
+    validate: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Elements:
+    """What one element holds: the label, the model inputs and the batch decoder that makes them."""
+
+    label: str | None
+    input_names: list
+    decode: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sharding:
+    """Which files this worker reads and how records are split between workers."""
+
+    mode: str  # "off", "file" or "data"
+    num_workers: int
+    worker_index: int
+    all_files: list
+    files: list
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _Checked:
+    """What the checks before reading found: each file's compression and, after a full check, the reports."""
+
+    comps: dict
+    reports: list = dataclasses.field(default_factory=list)
+    validation: ValidationReport | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Counts:
+    """Records in the whole dataset and records this pipeline reads per epoch (None: unknown)."""
+
+    total: int | None
+    worker: int | None
+
+
 def _worker_layout(num_workers, worker_index, input_context) -> tuple:
+    """`(num_workers, worker_index)` from an input context or the two arguments, checked."""
     if input_context is not None:
         if num_workers is not None or worker_index is not None:
             raise DataError("pass either input_context or num_workers/worker_index, not both.")
@@ -155,9 +218,17 @@ def _record_bytes(schema: Schema, expected: Mapping) -> int:
 
 
 def _itemsize(dtype: str) -> int:
+    """Bytes of one value of a NumPy dtype name."""
     import numpy as np
 
     return np.dtype(dtype).itemsize
+
+
+def _tune(value):
+    """tf.data's AUTOTUNE for "autotune", else the value."""
+    import tensorflow as tf
+
+    return tf.data.AUTOTUNE if value == AUTOTUNE else value
 
 
 def tfrecord_dataset(
@@ -256,6 +327,48 @@ def tfrecord_dataset(
     """
     import tensorflow as tf
 
+    request = _checked_request(_Request(
+        batch_size=batch_size, shuffle=shuffle, seed=seed, compression=compression, image_size=image_size,
+        cycle_length=cycle_length, read_block=read_block, num_parallel_reads=num_parallel_reads,
+        deterministic=deterministic, shuffle_buffer=shuffle_buffer, parse_parallelism=parse_parallelism,
+        cache=cache, repeat=repeat, drop_remainder=drop_remainder, prefetch=prefetch,
+        read_buffer_bytes=read_buffer_bytes, on_error=on_error, validate=validate))
+    resolved = resolve_files(path_or_pattern, features=features)
+    elements = _elements(resolved, label, image_size)
+    sharding = _shard_files(list(resolved.files), *_worker_layout(num_workers, worker_index, input_context))
+    checked = _check_files(sharding.files, resolved, request, elements.decode)
+    counts = _count_records(resolved, sharding, checked.validation)
+    request, reasons = _resolve_auto(request, sharding, resolved, counts.worker)
+    settings = _pipeline_settings(request, sharding, checked.comps, reasons)
+
+    records = _read_stage(sharding, checked, settings, request.seed)
+    ds = _parse_stage(_batch_stage(records, request), request, settings, elements)
+    if sharding.num_workers > 1:
+        # Sharded here already; a tf.distribute strategy must not shard again.
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        ds = ds.with_options(options)
+    steps = _steps_per_epoch(request, counts.worker)
+    if steps is not None:
+        # Known from the schema (or the full check): telling tf.data lets Keras size its progress bar and
+        # epochs instead of warning that the input "ran out of data" after the first epoch.
+        ds = ds.apply(tf.data.experimental.assert_cardinality(steps))
+    validation = checked.validation
+    skipped = validation.problems if validation is not None else []
+    ds.kerasfast_info = DatasetInfo(
+        files=sharding.files, schema=resolved.schema, schema_path=resolved.schema_path, label=elements.label,
+        input_names=elements.input_names, num_records=counts.worker, total_records=counts.total,
+        batch_size=batch_size, steps_per_epoch=steps, settings=settings, skipped=skipped, validation=validation)
+    if skipped:
+        _warn_skipped(validation)
+    return ds
+
+
+# -- arguments and features ---------------------------------------------------
+
+def _checked_request(request: _Request) -> _Request:
+    """Refuses bad arguments that need no file to judge; fills in the default of `validate`."""
+    batch_size, on_error, validate, cache = request.batch_size, request.on_error, request.validate, request.cache
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise DataError(f"batch_size={batch_size!r}: pass a positive integer.")
     if on_error not in ("raise", "skip"):
@@ -269,8 +382,11 @@ def tfrecord_dataset(
                         "(the default with on_error='skip').")
     if cache is not None and not isinstance(cache, str):
         raise DataError(f"cache={cache!r}: use None, 'memory' or a file path prefix.")
+    return dataclasses.replace(request, validate=validate)
 
-    resolved = resolve_files(path_or_pattern, features=features)
+
+def _elements(resolved, label, image_size) -> _Elements:
+    """The label and input features of each element, and the batch decoder; refuses a label that cannot be."""
     schema = resolved.schema
     label_name = schema.label if label is None else (label or None)
     if label_name is not None and label_name not in schema.feature_names:
@@ -280,161 +396,235 @@ def tfrecord_dataset(
     if not input_names:
         raise DataError(f"the label {label_name!r} is the only feature; there is nothing to feed the model.")
     decode = schema.make_batch_decoder(image_size)  # raises early for unbatchable images
-    workers, index = _worker_layout(num_workers, worker_index, input_context)
-    reasons: dict = {}
+    return _Elements(label_name, input_names, decode)
 
-    # -- which files this worker reads ------------------------------------
-    all_files = list(resolved.files)
+
+# -- which files this worker reads ------------------------------------------------
+
+def _shard_files(all_files: list, workers: int, index: int) -> _Sharding:
+    """Splits the files between workers, or, with fewer files than workers, the records (with a warning)."""
     if workers > 1 and len(all_files) >= workers:
-        sharding = "file"
         files = all_files[index::workers]
-        reasons["sharding"] = (f"{len(all_files)} files >= {workers} workers: each reads its own "
-                               f"{len(files)} file(s), no record is read twice")
-    elif workers > 1:
-        sharding = "data"
-        files = all_files
+        return _Sharding("file", workers, index, all_files, files,
+                         f"{len(all_files)} files >= {workers} workers: each reads its own "
+                         f"{len(files)} file(s), no record is read twice")
+    if workers > 1:
         message = (f"only {len(all_files)} file(s) for {workers} workers, so every worker reads all files and "
                    f"keeps 1 record in {workers} (DATA sharding): {workers}x the reading work. Re-write the "
                    f"data with write_tfrecords(..., shards={workers * 4}) to let each worker read its own files.")
-        warnings.warn(message, stacklevel=2)
-        reasons["sharding"] = message
-    else:
-        sharding = "off"
-        files = all_files
-        reasons["sharding"] = "one worker reads every file"
+        warnings.warn(message, stacklevel=3)  # 3: the caller of tfrecord_dataset
+        return _Sharding("data", workers, index, all_files, all_files, message)
+    return _Sharding("off", workers, index, all_files, all_files, "one worker reads every file")
 
-    # -- checks --------------------------------------------------------------
-    expected = expected_compression(schema, compression, resolved.schema_path is not None)
-    validation = None
-    skipped: list = []
-    reports: list = []
-    if validate == "full":
-        checked_decoder = make_checked_decoder(schema, image_size)
-        reports = [check_file(f, schema, expected, resolved.expected.get(os.path.abspath(f)), checked_decoder)
-                   for f in files]
-        validation = ValidationReport(reports, resolved.schema_path, promised_records(files, resolved.expected))
-        if not validation.ok and on_error == "raise":
-            raise DataError(validation.summary() + "\nFix the files, or pass on_error='skip' to read the good records.")
-        comps = {r.file: r.compression for r in reports}
-    elif validate == "quick":
-        # One record is decoded eagerly: compiling a function would cost more than it saves.
-        comps, problems = quick_check(files, schema, expected, resolved.expected, decode)
-        if problems:
-            shown = "\n".join(f"  - {p}" for p in problems[:5])
-            more = f"\n  ... and {len(problems) - 5} more" if len(problems) > 5 else ""
-            raise DataError(f"{len(problems)} problem(s) found before reading:\n{shown}{more}\nFix the files, or "
-                            f"pass on_error='skip' to read the good records.")
-    else:
-        # No checks, but compression must still be known: sniffing reads 64 bytes per file.
-        comps = {f: file_compression(f, expected)[0] if expected == "auto" else expected for f in files}
-        comps = {f: (None if c == NOT_TFRECORD else c) for f, c in comps.items()}
 
-    # -- settings -------------------------------------------------------------
-    comp_values = sorted({c or "" for c in comps.values()})
-    comp_shown = None if comp_values == [""] else "/".join(c or "none" for c in comp_values)
+def _count_records(resolved, sharding: _Sharding, validation: ValidationReport | None) -> _Counts:
+    """Records in the dataset and per epoch of this worker, from the schema or the full check."""
+    if resolved.expected:
+        per_file = {os.path.abspath(f): resolved.expected[os.path.abspath(f)].num_records
+                    for f in sharding.all_files}
+        total = sum(per_file.values())
+        worker = sum(per_file[os.path.abspath(f)] for f in sharding.files)
+    else:
+        total = worker = None
+    if validation is not None:
+        worker = validation.num_good
+    if sharding.mode == "data" and worker is not None:
+        workers, index = sharding.num_workers, sharding.worker_index
+        worker = worker // workers + (1 if index < worker % workers else 0)
+    return _Counts(total, worker)
+
+
+# -- checks -------------------------------------------------------------------------
+
+def _check_files(files: list, resolved, request: _Request, decode) -> _Checked:
+    """Runs the check `request.validate` asks for and finds each file's compression."""
+    expected = expected_compression(resolved.schema, request.compression, resolved.schema_path is not None)
+    if request.validate == "full":
+        return _full_check(files, resolved, expected, request)
+    if request.validate == "quick":
+        return _Checked(_quick_check(files, resolved, expected, decode))
+    # No checks, but compression must still be known: sniffing reads 64 bytes per file.
+    comps = {f: file_compression(f, expected)[0] if expected == "auto" else expected for f in files}
+    return _Checked({f: (None if c == NOT_TFRECORD else c) for f, c in comps.items()})
+
+
+def _full_check(files: list, resolved, expected, request: _Request) -> _Checked:
+    """Reads every record of `files`; raises on damage unless `on_error="skip"`."""
+    schema = resolved.schema
+    checked_decoder = make_checked_decoder(schema, request.image_size)
+    reports = [check_file(f, schema, expected, resolved.expected.get(os.path.abspath(f)), checked_decoder)
+               for f in files]
+    validation = ValidationReport(reports, resolved.schema_path, promised_records(files, resolved.expected))
+    if not validation.ok and request.on_error == "raise":
+        raise DataError(validation.summary() + "\nFix the files, or pass on_error='skip' to read the good records.")
+    return _Checked({r.file: r.compression for r in reports}, reports, validation)
+
+
+def _quick_check(files: list, resolved, expected, decode) -> dict:
+    """A few reads per file; raises listing the problems found. Returns each file's compression."""
+    # One record is decoded eagerly: compiling a function would cost more than it saves.
+    comps, problems = quick_check(files, resolved.schema, expected, resolved.expected, decode)
+    if problems:
+        shown = "\n".join(f"  - {p}" for p in problems[:5])
+        more = f"\n  ... and {len(problems) - 5} more" if len(problems) > 5 else ""
+        raise DataError(f"{len(problems)} problem(s) found before reading:\n{shown}{more}\nFix the files, or "
+                        f"pass on_error='skip' to read the good records.")
+    return comps
+
+
+# -- settings ---------------------------------------------------------------------
+
+# The settings tf.data tunes when left unset, and what tuning them decides.
+_AUTOTUNED = (
+    ("num_parallel_reads", "the reader threads"),
+    ("parse_parallelism", "the parse/decode threads"),
+    ("prefetch", "how many batches to prepare ahead"),
+)
+
+
+def _resolve_auto(request: _Request, sharding: _Sharding, resolved, worker_records) -> tuple:
+    """`(request, reasons)`: every setting left unset chosen, with its reason; the ones given checked."""
+    reasons = {"sharding": sharding.reason}
+    chosen = {
+        "cycle_length": _cycle_length(request, sharding.files),
+        "read_block": _read_block(request, sharding.mode, resolved.schema),
+        "deterministic": _deterministic(request, sharding.mode),
+        "shuffle_buffer": _shuffle_buffer(request, resolved, worker_records),
+    }
+    for name, (_, reason) in chosen.items():
+        if reason is not None:
+            reasons[name] = reason
+    for name, what in _AUTOTUNED:
+        if getattr(request, name) is None:
+            reasons[name] = f"tf.data autotunes {what}"
+    reasons["cache"] = ("not cached (pass cache='memory' or a file path)" if request.cache is None else
+                        "caches serialized records: files are read and decompressed once")
+    return dataclasses.replace(request, **{name: value for name, (value, _) in chosen.items()}), reasons
+
+
+def _cycle_length(request: _Request, files: list) -> tuple:
+    """`(value, reason)` of the number of files read at once; reason None when given."""
+    if request.cycle_length is not None:
+        return request.cycle_length, None
     cpu = os.cpu_count() or 1
-    if cycle_length is None:
-        cycle_length = max(1, min(len(files), max(4, cpu)))
-        reasons["cycle_length"] = f"one open file per CPU core ({cpu}), at least 4, at most the {len(files)} file(s)"
+    return (max(1, min(len(files), max(4, cpu))),
+            f"one open file per CPU core ({cpu}), at least 4, at most the {len(files)} file(s)")
+
+
+def _read_block(request: _Request, sharding: str, schema: Schema) -> tuple:
+    """`(value, reason)` of the records taken from one file at a time; reason None when given."""
+    read_block = request.read_block
     if read_block is None:
         if sharding == "data":
-            read_block = 1
-            reasons["read_block"] = "data sharding splits records exactly, one at a time"
-        elif not shuffle or schema.shuffled:
-            read_block = DEFAULT_READ_BLOCK
-            reasons["read_block"] = ("records were shuffled when written, so neighbours are unrelated: blocks of "
-                                     f"{DEFAULT_READ_BLOCK} cut per-record overhead at no cost in randomness"
-                                     if shuffle else f"no shuffling: blocks of {DEFAULT_READ_BLOCK} cut per-record "
-                                     f"overhead")
-        else:
-            read_block = 1
-            reasons["read_block"] = ("records were not shuffled when written (streamed source or other writer): "
-                                     "shuffle record by record")
-    elif not isinstance(read_block, int) or read_block < 1:
+            return 1, "data sharding splits records exactly, one at a time"
+        if not request.shuffle or schema.shuffled:
+            return DEFAULT_READ_BLOCK, (
+                "records were shuffled when written, so neighbours are unrelated: blocks of "
+                f"{DEFAULT_READ_BLOCK} cut per-record overhead at no cost in randomness"
+                if request.shuffle else f"no shuffling: blocks of {DEFAULT_READ_BLOCK} cut per-record overhead")
+        return 1, ("records were not shuffled when written (streamed source or other writer): "
+                   "shuffle record by record")
+    if not isinstance(read_block, int) or read_block < 1:
         raise DataError(f"read_block={read_block!r}: pass a positive integer.")
-    elif read_block > 1 and sharding == "data":
+    if read_block > 1 and sharding == "data":
         raise DataError("read_block > 1 cannot be combined with data sharding (records are split one by one); "
                         "leave read_block unset, or write more shards than workers.")
-    if deterministic is None:
-        deterministic = seed is not None or sharding == "data" or not shuffle
-        reasons["deterministic"] = (
+    return read_block, None
+
+
+def _deterministic(request: _Request, sharding: str) -> tuple:
+    """`(value, reason)` of whether the element order is reproducible; reason None when given."""
+    seed, shuffle = request.seed, request.shuffle
+    if request.deterministic is None:
+        return seed is not None or sharding == "data" or not shuffle, (
             "data sharding needs the same record order on every worker" if sharding == "data" else
             "a seed was given: reproducible order" if seed is not None else
             "shuffle=False: records in file order" if not shuffle else
             "order may vary between runs: faster, elements are not held back for a slow file")
-    elif sharding == "data" and not deterministic:
+    if sharding == "data" and not request.deterministic:
         raise DataError("deterministic=False with data sharding would give workers overlapping records; "
                         "leave deterministic unset, or write more shards than workers.")
-    total_records = schema.num_records
-    if resolved.expected:
-        per_file = {os.path.abspath(f): resolved.expected[os.path.abspath(f)].num_records for f in all_files}
-        total_records = sum(per_file.values())
-        worker_records = sum(per_file[os.path.abspath(f)] for f in files)
-    else:
-        total_records = worker_records = None
-    if validation is not None:
-        worker_records = validation.num_good
-        skipped = validation.problems
-    if sharding == "data" and worker_records is not None:
-        worker_records = worker_records // workers + (1 if index < worker_records % workers else 0)
-    if not shuffle:
-        shuffle_buffer = 0
-        reasons["shuffle_buffer"] = "shuffle=False"
-    elif shuffle_buffer is None:
-        per_record = _record_bytes(schema, resolved.expected)
-        by_memory = max(batch_size, SHUFFLE_BUFFER_BYTES // per_record)
-        shuffle_buffer = min(MAX_SHUFFLE_BUFFER, by_memory)
-        if worker_records:
-            shuffle_buffer = min(shuffle_buffer, worker_records)
-        reasons["shuffle_buffer"] = (f"up to {MAX_SHUFFLE_BUFFER} records, {SHUFFLE_BUFFER_BYTES >> 20} MB at "
-                                     f"~{per_record} B/record, at most the records this worker reads")
-    if num_parallel_reads is None:
-        reasons["num_parallel_reads"] = "tf.data autotunes the reader threads"
-    if parse_parallelism is None:
-        reasons["parse_parallelism"] = "tf.data autotunes the parse/decode threads"
-    if prefetch is None:
-        reasons["prefetch"] = "tf.data autotunes how many batches to prepare ahead"
-    reasons.setdefault("cache", "not cached (pass cache='memory' or a file path)" if cache is None else
-                       "caches serialized records: files are read and decompressed once")
-    settings = PipelineSettings(
-        num_files=len(files), compression=comp_shown, sharding=sharding, num_workers=workers,
-        worker_index=index, shuffle_files=bool(shuffle), cycle_length=int(cycle_length), read_block=read_block,
-        num_parallel_reads=AUTOTUNE if num_parallel_reads is None else int(num_parallel_reads),
-        deterministic=bool(deterministic), shuffle_buffer=int(shuffle_buffer), batch_size=batch_size,
-        drop_remainder=bool(drop_remainder),
-        parse_parallelism=AUTOTUNE if parse_parallelism is None else int(parse_parallelism),
-        cache=cache, repeat=repeat, prefetch=AUTOTUNE if prefetch is None else int(prefetch),
-        read_buffer_bytes=read_buffer_bytes, on_error=on_error, validate=validate, reasons=reasons,
+    return request.deterministic, None
+
+
+def _shuffle_buffer(request: _Request, resolved, worker_records) -> tuple:
+    """`(value, reason)` of the records in the shuffle buffer; reason None when given."""
+    if not request.shuffle:
+        return 0, "shuffle=False"
+    if request.shuffle_buffer is not None:
+        return request.shuffle_buffer, None
+    per_record = _record_bytes(resolved.schema, resolved.expected)
+    by_memory = max(request.batch_size, SHUFFLE_BUFFER_BYTES // per_record)
+    shuffle_buffer = min(MAX_SHUFFLE_BUFFER, by_memory)
+    if worker_records:
+        shuffle_buffer = min(shuffle_buffer, worker_records)
+    return shuffle_buffer, (f"up to {MAX_SHUFFLE_BUFFER} records, {SHUFFLE_BUFFER_BYTES >> 20} MB at "
+                            f"~{per_record} B/record, at most the records this worker reads")
+
+
+def _pipeline_settings(request: _Request, sharding: _Sharding, comps: dict, reasons: dict) -> PipelineSettings:
+    """The `PipelineSettings` of a resolved request: plain values, "autotune" for what tf.data tunes."""
+    comp_values = sorted({c or "" for c in comps.values()})
+    comp_shown = None if comp_values == [""] else "/".join(c or "none" for c in comp_values)
+
+    def autotuned(value):
+        """"autotune" when unset, else the value as an int."""
+        return AUTOTUNE if value is None else int(value)
+
+    return PipelineSettings(
+        num_files=len(sharding.files), compression=comp_shown, sharding=sharding.mode,
+        num_workers=sharding.num_workers, worker_index=sharding.worker_index, shuffle_files=bool(request.shuffle),
+        cycle_length=int(request.cycle_length), read_block=request.read_block,
+        num_parallel_reads=autotuned(request.num_parallel_reads), deterministic=bool(request.deterministic),
+        shuffle_buffer=int(request.shuffle_buffer), batch_size=request.batch_size,
+        drop_remainder=bool(request.drop_remainder), parse_parallelism=autotuned(request.parse_parallelism),
+        cache=request.cache, repeat=request.repeat, prefetch=autotuned(request.prefetch),
+        read_buffer_bytes=request.read_buffer_bytes, on_error=request.on_error, validate=request.validate,
+        reasons=reasons,
     )
 
-    # -- the pipeline -------------------------------------------------------
-    def tune(value):
-        return tf.data.AUTOTUNE if value == AUTOTUNE else value
 
+# -- the pipeline -------------------------------------------------------------------
+
+def _read_stage(sharding: _Sharding, checked: _Checked, settings: PipelineSettings, seed):
+    """Serialized records of this worker: its files interleaved, its share of the records, cached if asked."""
     # With data sharding all workers must see the same file order: a fixed seed.
-    file_seed = seed if seed is not None else (0 if sharding == "data" else None)
-    records = _read_records(files, comps, reports, settings, file_seed, tune)
-    if sharding == "data":
-        records = records.shard(workers, index)
-    if cache is not None:
-        records = records.cache("" if cache == "memory" else cache)
+    file_seed = seed if seed is not None else (0 if sharding.mode == "data" else None)
+    records = _read_records(sharding.files, checked, settings, file_seed)
+    if sharding.mode == "data":
+        records = records.shard(sharding.num_workers, sharding.worker_index)
+    if settings.cache is not None:
+        records = records.cache("" if settings.cache == "memory" else settings.cache)
+    return records
+
+
+def _batch_stage(records, request: _Request):
+    """Shuffles, repeats and batches serialized records."""
     # `records` holds blocks of `read_block` records when read_block > 1.
-    if shuffle and shuffle_buffer > 1:
-        records = records.shuffle(max(2, shuffle_buffer // read_block), seed=seed, reshuffle_each_iteration=True)
-    if repeat is True:
+    if request.shuffle and request.shuffle_buffer > 1:
+        records = records.shuffle(max(2, request.shuffle_buffer // request.read_block), seed=request.seed,
+                                  reshuffle_each_iteration=True)
+    if request.repeat is True:
         records = records.repeat()
-    elif repeat:
-        records = records.repeat(int(repeat))
-    if read_block > 1:
-        batches = records.rebatch(batch_size, drop_remainder=drop_remainder)
-    else:
-        batches = records.batch(batch_size, drop_remainder=drop_remainder)
+    elif request.repeat:
+        records = records.repeat(int(request.repeat))
+    if request.read_block > 1:
+        return records.rebatch(request.batch_size, drop_remainder=request.drop_remainder)
+    return records.batch(request.batch_size, drop_remainder=request.drop_remainder)
+
+
+def _parse_stage(batches, request: _Request, settings: PipelineSettings, elements: _Elements):
+    """Parses and decodes batches in parallel into model inputs, and prefetches them."""
+    import tensorflow as tf
+
+    batch_size, drop_remainder = request.batch_size, request.drop_remainder
+    label_name, input_names = elements.label, elements.input_names
 
     def decode_batch(serialized):
         if drop_remainder:
             # rebatch() loses the static batch size that drop_remainder promises; restore it.
             serialized = tf.ensure_shape(serialized, [batch_size])
-        decoded = decode(serialized)
+        decoded = elements.decode(serialized)
         if drop_remainder:
             decoded = {k: tf.ensure_shape(v, [batch_size, *v.shape[1:]]) for k, v in decoded.items()}
         if label_name is None:
@@ -444,40 +634,57 @@ def tfrecord_dataset(
             return decoded[input_names[0]], y
         return {n: decoded[n] for n in input_names}, y
 
-    ds = batches.map(decode_batch, num_parallel_calls=tune(settings.parse_parallelism),
+    ds = batches.map(decode_batch, num_parallel_calls=_tune(settings.parse_parallelism),
                      deterministic=settings.deterministic)
-    ds = ds.prefetch(tune(settings.prefetch))
-    if workers > 1:
-        # Sharded here already; a tf.distribute strategy must not shard again.
-        options = tf.data.Options()
-        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-        ds = ds.with_options(options)
-
-    steps = None
-    if worker_records is not None and not repeat:
-        steps = worker_records // batch_size if drop_remainder else math.ceil(worker_records / batch_size)
-        # Known from the schema (or the full check): telling tf.data lets Keras size its progress bar and
-        # epochs instead of warning that the input "ran out of data" after the first epoch.
-        ds = ds.apply(tf.data.experimental.assert_cardinality(steps))
-    info = DatasetInfo(files=files, schema=schema, schema_path=resolved.schema_path, label=label_name,
-                       input_names=input_names, num_records=worker_records, total_records=total_records,
-                       batch_size=batch_size, steps_per_epoch=steps, settings=settings, skipped=skipped,
-                       validation=validation)
-    if skipped:
-        where = "; ".join(str(p) for p in skipped[:3])
-        warnings.warn(f"on_error='skip': left out {len(skipped)} bad record(s)/file(s) "
-                      f"({validation.num_records - validation.num_good} records known; records after a "
-                      f"truncation point cannot be counted): {where}"
-                      + (" ..." if len(skipped) > 3 else "") + ". Full list: dataset.kerasfast_info.skipped.",
-                      stacklevel=2)
-    ds.kerasfast_info = info
-    return ds
+    return ds.prefetch(_tune(settings.prefetch))
 
 
-def _read_records(files, comps, reports, settings: PipelineSettings, file_seed, tune):
+def _steps_per_epoch(request: _Request, worker_records) -> int | None:
+    """Batches per epoch when the records are known and the data does not repeat, else None."""
+    if worker_records is None or request.repeat:
+        return None
+    if request.drop_remainder:
+        return worker_records // request.batch_size
+    return math.ceil(worker_records / request.batch_size)
+
+
+def _warn_skipped(validation: ValidationReport) -> None:
+    """Warns that `on_error="skip"` left records or files out, naming the first few."""
+    skipped = validation.problems
+    where = "; ".join(str(p) for p in skipped[:3])
+    warnings.warn(f"on_error='skip': left out {len(skipped)} bad record(s)/file(s) "
+                  f"({validation.num_records - validation.num_good} records known; records after a "
+                  f"truncation point cannot be counted): {where}"
+                  + (" ..." if len(skipped) > 3 else "") + ". Full list: dataset.kerasfast_info.skipped.",
+                  stacklevel=3)  # 3: the caller of tfrecord_dataset
+
+
+def _read_records(files, checked: _Checked, settings: PipelineSettings, file_seed):
     """Dataset of serialized records of `files`, leaving out what the reports flag."""
     import tensorflow as tf
 
+    fast_files, fast_bad, slow_reports = _triage(files, checked.reports)
+    by_file = {r.file: r for r in checked.reports}
+    parts, weights = [], []
+    if fast_files:
+        parts.append(_interleaved_records(fast_files, fast_bad, checked.comps, settings, file_seed))
+        weights.append(sum(by_file[f].num_good if f in by_file else 1 for f in fast_files))
+    if slow_reports:
+        parts.append(_salvaged_records(slow_reports, settings))
+        weights.append(sum(r.num_good for r in slow_reports))
+    if not parts:
+        raise DataError("no readable records are left after skipping bad input; see the warnings above.")
+    if len(parts) == 1:
+        return parts[0]
+    if not settings.shuffle_files:
+        return parts[0].concatenate(parts[1])
+    total = float(sum(weights)) or 1.0
+    return tf.data.Dataset.sample_from_datasets(
+        parts, weights=[w / total for w in weights], seed=file_seed, stop_on_empty_dataset=False)
+
+
+def _triage(files, reports) -> tuple:
+    """`(fast_files, bad_indices_of_each, slow_reports)`: which files TensorFlow reads, which Python salvages."""
     by_file = {r.file: r for r in reports}
     fast_files, fast_bad, slow_reports = [], [], []
     for f in files:
@@ -492,46 +699,44 @@ def _read_records(files, comps, reports, settings: PipelineSettings, file_seed, 
         else:
             fast_files.append(f)
             fast_bad.append(sorted(report.bad_indices))
+    return fast_files, fast_bad, slow_reports
 
-    parts, weights = [], []
-    if fast_files:
-        any_bad = any(fast_bad)
-        file_ds = tf.data.Dataset.from_tensor_slices((
-            tf.constant(fast_files),
-            tf.constant([comps.get(f) or "" for f in fast_files]),
-            tf.ragged.constant(fast_bad, dtype=tf.int64, ragged_rank=1) if any_bad else tf.zeros([len(fast_files)]),
-        ))
-        if settings.shuffle_files and len(fast_files) > 1:
-            file_ds = file_ds.shuffle(len(fast_files), seed=file_seed, reshuffle_each_iteration=True)
 
-        def read_file(path, comp, bad):
-            ds = tf.data.TFRecordDataset(path, compression_type=comp, buffer_size=settings.read_buffer_bytes)
-            if any_bad:
-                ds = ds.enumerate().filter(lambda i, r: tf.logical_not(tf.reduce_any(tf.equal(i, bad))))
-                ds = ds.map(lambda i, r: r)
-            return ds.batch(settings.read_block) if settings.read_block > 1 else ds
+def _interleaved_records(files, bad, comps, settings: PipelineSettings, file_seed):
+    """Records of `files` read by TensorFlow in parallel, leaving out the `bad` record indices of each."""
+    import tensorflow as tf
 
-        parts.append(file_ds.interleave(
-            read_file, cycle_length=settings.cycle_length, block_length=1,
-            num_parallel_calls=tune(settings.num_parallel_reads), deterministic=settings.deterministic))
-        weights.append(sum(by_file[f].num_good if f in by_file else 1 for f in fast_files))
-    if slow_reports:
-        def salvage():
-            for report in slow_reports:
-                yield from good_records(report)
+    any_bad = any(bad)
+    file_ds = tf.data.Dataset.from_tensor_slices((
+        tf.constant(files),
+        tf.constant([comps.get(f) or "" for f in files]),
+        tf.ragged.constant(bad, dtype=tf.int64, ragged_rank=1) if any_bad else tf.zeros([len(files)]),
+    ))
+    if settings.shuffle_files and len(files) > 1:
+        file_ds = file_ds.shuffle(len(files), seed=file_seed, reshuffle_each_iteration=True)
 
-        salvaged = tf.data.Dataset.from_generator(salvage, output_signature=tf.TensorSpec((), tf.string))
-        parts.append(salvaged.batch(settings.read_block) if settings.read_block > 1 else salvaged)
-        weights.append(sum(r.num_good for r in slow_reports))
-    if not parts:
-        raise DataError("no readable records are left after skipping bad input; see the warnings above.")
-    if len(parts) == 1:
-        return parts[0]
-    if not settings.shuffle_files:
-        return parts[0].concatenate(parts[1])
-    total = float(sum(weights)) or 1.0
-    return tf.data.Dataset.sample_from_datasets(
-        parts, weights=[w / total for w in weights], seed=file_seed, stop_on_empty_dataset=False)
+    def read_file(path, comp, bad):
+        ds = tf.data.TFRecordDataset(path, compression_type=comp, buffer_size=settings.read_buffer_bytes)
+        if any_bad:
+            ds = ds.enumerate().filter(lambda i, r: tf.logical_not(tf.reduce_any(tf.equal(i, bad))))
+            ds = ds.map(lambda i, r: r)
+        return ds.batch(settings.read_block) if settings.read_block > 1 else ds
+
+    return file_ds.interleave(
+        read_file, cycle_length=settings.cycle_length, block_length=1,
+        num_parallel_calls=_tune(settings.num_parallel_reads), deterministic=settings.deterministic)
+
+
+def _salvaged_records(reports, settings: PipelineSettings):
+    """Good records of files whose framing is damaged, read in Python up to and around the damage."""
+    import tensorflow as tf
+
+    def salvage():
+        for report in reports:
+            yield from good_records(report)
+
+    salvaged = tf.data.Dataset.from_generator(salvage, output_signature=tf.TensorSpec((), tf.string))
+    return salvaged.batch(settings.read_block) if settings.read_block > 1 else salvaged
 
 
 def dataset_info(dataset_or_path: Any, *, batch_size: int = 1, **kwargs) -> DatasetInfo:

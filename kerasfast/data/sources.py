@@ -15,6 +15,7 @@ import csv
 import dataclasses
 import glob
 import io
+import itertools
 import os
 from typing import Any, Iterable, Mapping
 
@@ -357,7 +358,7 @@ def _csv_source(files, csv_dtypes) -> Source:
         header = next(reader, None)
         if not header:
             raise DataError(f"{files[0]} is empty; a CSV file needs a header row with the column names.")
-        sample = [row for _, row in zip(range(CHUNK_RECORDS), reader)]
+        sample = list(itertools.islice(reader, CHUNK_RECORDS))
     if not sample:
         raise DataError(f"{files[0]} has a header but no rows; nothing to convert.")
     types = {}
@@ -381,9 +382,9 @@ def _csv_source(files, csv_dtypes) -> Source:
                         yield where, BadRecord(f"has {len(row)} fields, the header has {len(header)}")
                         continue
                     try:
-                        yield where, {name: parse(v) for name, parse, v in zip(header, parsers, row)}
+                        yield where, {name: parse(v) for name, parse, v in zip(header, parsers, row, strict=True)}
                     except (ValueError, OverflowError):
-                        bad = [n for n, p, v in zip(header, parsers, row) if not _parses(p, v)]
+                        bad = [n for n, p, v in zip(header, parsers, row, strict=True) if not _parses(p, v)]
                         yield where, BadRecord(
                             f"column(s) {bad} are not {[types[b] for b in bad]} as inferred from the first rows; "
                             f"pass csv_dtypes={{{bad[0]!r}: 'string' or 'float32'}} to read them as that"

@@ -102,6 +102,30 @@ def _workers_in_tf_config() -> int:
     return sum(len(cluster.get(k, [])) for k in ("chief", "worker"))
 
 
+@dataclasses.dataclass(frozen=True)
+class _ShardPlan:
+    """Where one write puts its shards: the folder, their naming, and the temporary path of each."""
+
+    out_dir: str
+    prefix: str
+    compression: str | None
+    tmp_paths: list
+
+    @property
+    def count(self) -> int:
+        """Shards planned (empty ones are dropped at the end)."""
+        return len(self.tmp_paths)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Written:
+    """What the record loop wrote: records per temporary shard, their total, the source records skipped."""
+
+    counts: list
+    num_records: int
+    skipped: list
+
+
 def write_tfrecords(
     source: Any,
     out_dir: str | os.PathLike,
@@ -183,9 +207,57 @@ def write_tfrecords(
     >>> result.num_records, len(result.files)
     (100, 4)
     """
-    import tensorflow as tf
-
     started = time.perf_counter()
+    compression = _checked_arguments(compression, on_error, image_encoding, shards, prefix)
+    out_dir = os.fspath(out_dir)
+    _refuse_overwrite(out_dir, overwrite)
+    src = open_source(source, label=label, shuffle=shuffle, seed=seed, source_type=source_type,
+                      text_unit=text_unit, csv_dtypes=csv_dtypes)
+    _prepare_folder(out_dir, prefix)
+    steps = _CommitSteps()
+    plan = _plan_shards(out_dir, prefix, compression, _shard_count(shards, src, target_shard_bytes))
+    encoder = _RecordEncoder(image_encoding)
+    committed = False
+    try:
+        written = _write_records(src, plan, encoder, on_error, progress)
+        if written.num_records == 0:
+            raise _no_records_error(src, written.skipped)
+        kept = _keep_nonempty_shards(plan, written.counts)
+        steps()  # 1: new shards complete under temporary names; the old dataset is untouched
+        shard_infos = _shard_infos(plan, kept, written.counts)
+        schema = Schema(
+            features=encoder.final_features(),
+            label=src.label,
+            compression=compression,
+            num_records=written.num_records,
+            shards=shard_infos,
+            classes=src.classes,
+            source=src.description,
+            shuffled=src.shuffled,
+        )
+        _save_commit_record(plan, schema, kept)
+        committed = True  # from here the temporary files are the new dataset: never delete them
+        steps()  # 2
+        _roll_forward(out_dir, steps)
+    finally:
+        if not committed:
+            _remove_files(plan.tmp_paths)
+    if progress is not None:
+        progress(written.num_records, src.num_records)
+    if written.skipped:
+        skipped = written.skipped
+        warnings.warn(f"write_tfrecords skipped {len(skipped)} bad record(s); first: {skipped[0][0]}: "
+                      f"{skipped[0][1]}. The full list is in result.skipped.", stacklevel=2)
+    files = [os.path.join(out_dir, s.file) for s in shard_infos]
+    return WriteResult(out_dir, files, os.path.join(out_dir, SCHEMA_FILENAME), schema, written.num_records,
+                       sum(s.num_bytes for s in shard_infos), written.skipped, list(src.notes),
+                       time.perf_counter() - started)
+
+
+# -- validating the arguments and planning the shards --------------------------------
+
+def _checked_arguments(compression, on_error, image_encoding, shards, prefix) -> str | None:
+    """Refuses bad arguments before anything is read or written; returns the normalised compression."""
     compression = normalize_compression(compression)
     if on_error not in ("raise", "skip"):
         raise DataError(f"on_error={on_error!r}: use 'raise' or 'skip'.")
@@ -195,53 +267,63 @@ def write_tfrecords(
         raise DataError(f"shards={shards!r}: pass a positive integer, or None to choose automatically.")
     if not re.fullmatch(r"[A-Za-z0-9_.]+", prefix):
         raise DataError(f"prefix={prefix!r}: use letters, digits, '_' and '.' only.")
+    return compression
 
-    out_dir = os.fspath(out_dir)
+
+def _refuse_overwrite(out_dir: str, overwrite: bool) -> None:
+    """With overwrite=False, refuses a folder that holds a dataset (committed or mid-commit)."""
     schema_path = os.path.join(out_dir, SCHEMA_FILENAME)
     pending_path = os.path.join(out_dir, PENDING_FILENAME)
     if not overwrite and (os.path.exists(schema_path) or os.path.exists(pending_path)):
         raise DataError(f"{out_dir} already holds a dataset ({SCHEMA_FILENAME}); pass overwrite=True "
                         f"(--overwrite) to replace it, or choose another folder.")
-    src = open_source(source, label=label, shuffle=shuffle, seed=seed, source_type=source_type,
-                      text_unit=text_unit, csv_dtypes=csv_dtypes)
+
+
+def _prepare_folder(out_dir: str, prefix: str) -> None:
+    """Creates the folder and clears what interrupted earlier runs left in it."""
     os.makedirs(out_dir, exist_ok=True)
     # A run killed after its commit point left the new dataset half renamed: finish that first, since
     # the temporary files removed next may be its shards.
     _roll_forward(out_dir)
     _remove_partials(out_dir, prefix)
-    steps = _CommitSteps()
 
+
+def _shard_count(shards, src, target_shard_bytes: int) -> int:
+    """Shards to write: as asked or chosen by size and workers, never more than the source's records."""
     count = int(shards) if shards is not None else auto_shard_count(
         src.num_records, src.estimated_bytes, target_shard_bytes)
     if src.num_records is not None and src.num_records > 0:
         count = min(count, src.num_records)
+    return count
 
+
+def _plan_shards(out_dir: str, prefix: str, compression: str | None, count: int) -> _ShardPlan:
+    """Temporary shard paths of this run, marked so that a later run knows them for leftovers."""
     token = uuid.uuid4().hex[:8]
     tmp_paths = [os.path.join(out_dir, f".{prefix}-{i:05d}{_PARTIAL_MARK}{token}") for i in range(count)]
-    options = tf.io.TFRecordOptions(compression_type=compression or "")
-    writers = []
-    counts = [0] * count
+    return _ShardPlan(out_dir, prefix, compression, tmp_paths)
+
+
+# -- writing the records ------------------------------------------------------------
+
+def _write_records(src, plan: _ShardPlan, encoder: _RecordEncoder, on_error: str, progress) -> _Written:
+    """Streams the source's records round-robin into the temporary shards and closes them."""
+    import tensorflow as tf
+
+    options = tf.io.TFRecordOptions(compression_type=plan.compression or "")
+    counts = [0] * plan.count
     skipped: list = []
-    encoder = _RecordEncoder(image_encoding)
     written = 0
-    committed = False
+    writers = []
     try:
-        writers = [tf.io.TFRecordWriter(p, options) for p in tmp_paths]
+        writers = [tf.io.TFRecordWriter(p, options) for p in plan.tmp_paths]
         for location, record in src.records():
-            if isinstance(record, BadRecord):
-                _bad(on_error, skipped, location, record.reason)
+            serialized = _encode(encoder, record, location, on_error, skipped)
+            if serialized is None:
                 continue
-            try:
-                serialized = encoder.encode(record, location)
-            except _RecordMismatch as exc:
-                _bad(on_error, skipped, location, str(exc))
-                continue
-            if written == 0 and src.label == LABEL_IF_PRESENT:
-                src.label = "label" if "label" in encoder.names else None
-            if written == 0 and src.label is not None and src.label not in encoder.names:
-                raise DataError(f"label {src.label!r} is not a feature of the records {encoder.names}; pass label= "
-                                f"one of them, or label=None.")
-            shard = written % count
+            if written == 0:
+                _settle_label(src, encoder)
+            shard = written % plan.count
             writers[shard].write(serialized)
             counts[shard] += 1
             written += 1
@@ -249,66 +331,87 @@ def write_tfrecords(
                 progress(written, src.num_records)
         for w in writers:
             w.close()
-        if written == 0:
-            raise DataError(f"{src.description} produced no records"
-                            + (f" ({len(skipped)} bad, first: {skipped[0][0]}: {skipped[0][1]})" if skipped else "")
-                            + "; nothing was written.")
+    except BaseException:
+        for w in writers:
+            try:
+                w.close()
+            except Exception:  # already closed or failed: removing the file is what matters
+                pass
+        raise
+    return _Written(counts, written, skipped)
 
-        # Only non-empty shards are kept, named by their final count.
-        kept = [i for i in range(count) if counts[i]]
-        final_names = [shard_name(prefix, k, len(kept), compression) for k in range(len(kept))]
-        for i in range(count):
-            if counts[i]:
-                _fsync(tmp_paths[i])
-            else:
-                os.remove(tmp_paths[i])
-        steps()  # 1: new shards complete under temporary names; the old dataset is untouched
-        shard_infos = [ShardInfo(final_names[k], counts[i], os.path.getsize(tmp_paths[i]))
-                       for k, i in enumerate(kept)]
-        schema = Schema(
-            features=encoder.final_features(),
-            label=src.label,
-            compression=compression,
-            num_records=written,
-            shards=shard_infos,
-            classes=src.classes,
-            source=src.description,
-            shuffled=src.shuffled,
-        )
-        # The commit point: one atomic rename makes the new dataset the folder's dataset.
-        partials = {final_names[k]: os.path.basename(tmp_paths[i]) for k, i in enumerate(kept)}
-        schema.save(pending_path, extra={"pending": {"partials": partials}})
-        _fsync_dir(out_dir)
-        committed = True  # from here the temporary files are the new dataset: never delete them
-        steps()  # 2
-        _roll_forward(out_dir, steps)
-    finally:
-        if not committed:
-            for w in writers:
-                try:
-                    w.close()
-                except Exception:  # already closed or failed: removing the file is what matters
-                    pass
-            for p in tmp_paths:
-                if os.path.exists(p):
-                    os.remove(p)
-    if progress is not None:
-        progress(written, src.num_records)
-    if skipped:
-        warnings.warn(f"write_tfrecords skipped {len(skipped)} bad record(s); first: {skipped[0][0]}: "
-                      f"{skipped[0][1]}. The full list is in result.skipped.", stacklevel=2)
-    files = [os.path.join(out_dir, s.file) for s in shard_infos]
-    return WriteResult(out_dir, files, schema_path, schema, written, sum(s.num_bytes for s in shard_infos),
-                       skipped, list(src.notes), time.perf_counter() - started)
+
+def _encode(encoder: _RecordEncoder, record, location: str, on_error: str, skipped: list) -> bytes | None:
+    """The serialized record, or None for a bad one that on_error="skip" leaves out (listed in `skipped`)."""
+    if isinstance(record, BadRecord):
+        _bad(on_error, skipped, location, record.reason)
+        return None
+    try:
+        return encoder.encode(record, location)
+    except _RecordMismatch as exc:
+        _bad(on_error, skipped, location, str(exc))
+        return None
+
+
+def _settle_label(src, encoder: _RecordEncoder) -> None:
+    """Once the first record fixed the features: picks an optional label, and refuses one that is missing."""
+    if src.label == LABEL_IF_PRESENT:
+        src.label = "label" if "label" in encoder.names else None
+    if src.label is not None and src.label not in encoder.names:
+        raise DataError(f"label {src.label!r} is not a feature of the records {encoder.names}; pass label= "
+                        f"one of them, or label=None.")
+
+
+def _no_records_error(src, skipped: list) -> DataError:
+    """The error for a source that gave no (good) record."""
+    return DataError(f"{src.description} produced no records"
+                     + (f" ({len(skipped)} bad, first: {skipped[0][0]}: {skipped[0][1]})" if skipped else "")
+                     + "; nothing was written.")
+
+
+# -- committing the shards and the schema -------------------------------------------
+
+def _keep_nonempty_shards(plan: _ShardPlan, counts: list) -> list:
+    """Makes each non-empty temporary shard durable and removes the empty ones; returns the kept indices."""
+    kept = [i for i in range(plan.count) if counts[i]]
+    for i in range(plan.count):
+        if counts[i]:
+            _fsync(plan.tmp_paths[i])
+        else:
+            os.remove(plan.tmp_paths[i])
+    return kept
+
+
+def _shard_infos(plan: _ShardPlan, kept: list, counts: list) -> list:
+    """`ShardInfo` of each kept shard, named by the final count of shards."""
+    return [ShardInfo(shard_name(plan.prefix, k, len(kept), plan.compression), counts[i],
+                      os.path.getsize(plan.tmp_paths[i]))
+            for k, i in enumerate(kept)]
+
+
+def _save_commit_record(plan: _ShardPlan, schema: Schema, kept: list) -> None:
+    """The commit point: one atomic rename makes the new dataset the folder's dataset."""
+    partials = {shard.file: os.path.basename(plan.tmp_paths[i]) for shard, i in zip(schema.shards, kept, strict=True)}
+    schema.save(os.path.join(plan.out_dir, PENDING_FILENAME), extra={"pending": {"partials": partials}})
+    _fsync_dir(plan.out_dir)
+
+
+def _remove_files(paths: list) -> None:
+    """Removes those of `paths` that exist."""
+    for p in paths:
+        if os.path.exists(p):
+            os.remove(p)
 
 
 def _bad(on_error, skipped, location, reason):
+    """Raises for a bad source record, or, with on_error="skip", lists it in `skipped`."""
     if on_error == "raise":
         raise DataError(f"{location} {reason}. Fix or remove it, or pass on_error='skip' to leave bad records out.")
     skipped.append((location, reason))
 
 
 def _fsync(path):
+    """Makes a file's content durable."""
     with open(path, "rb+") as fh:
         os.fsync(fh.fileno())
 
@@ -352,7 +455,7 @@ def _roll_forward(out_dir, steps=lambda: None):
     dataset = load_folder(out_dir)
     if dataset is None or not dataset.pending:
         return
-    for shard, path in zip(dataset.schema.shards, dataset.files):
+    for shard, path in zip(dataset.schema.shards, dataset.files, strict=True):
         final = os.path.join(out_dir, shard.file)
         if path != final:
             os.replace(path, final)
