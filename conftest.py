@@ -7,13 +7,6 @@ file: its fixture acts on doctest items only.
 import pytest
 from _pytest.doctest import DoctestItem
 
-# Their code is being rewritten (issue 14); their examples are run again once it lands.
-collect_ignore = [
-    "kerasfast/compress",
-    "kerasfast/export",
-    "kerasfast/data/reader.py",
-    "kerasfast/data/writer.py",
-]
 
 
 @pytest.fixture(autouse=True)

@@ -91,10 +91,15 @@ def apply_pruning(model, config: PruningConfig, *, step_fn=None) -> list[dict]:
 
     Example:
 
-    >>> config = PruningConfig(target_sparsity=0.8, end_step=200, frequency=20)
-    >>> plan = apply_pruning(model, config)
-    >>> model.fit(x, y, epochs=2)
-    >>> summary = finalize_pruning(model)
+    >>> x = np.random.default_rng(0).normal(size=(256, 16)).astype("float32")
+    >>> y = x[:, :4].sum(axis=1, keepdims=True)
+    >>> model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"),
+    ...                           keras.layers.Dense(1)])
+    >>> rows = apply_pruning(model, PruningConfig(target_sparsity=0.8, end_step=8, frequency=4))
+    >>> model.compile(optimizer="adam", loss="mse")
+    >>> _ = model.fit(x, y, batch_size=32, epochs=3, verbose=0)
+    >>> [round(row["sparsity"], 1) for row in finalize_pruning(model)]  # 32x1 kernel: 26 of 32 zeros
+    [0.8, 0.8]
     """
     if not isinstance(config, PruningConfig):
         raise PlanError(f"config must be a kerasfast.compress.PruningConfig, got {type(config).__name__}.")

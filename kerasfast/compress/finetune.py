@@ -111,8 +111,12 @@ def fine_tune_rate(optimizer, *, learning_rate=None, lr_schedule="auto") -> Fine
 
     Example:
 
-    >>> model.compile(optimizer=keras.optimizers.Adam(3e-3), loss="mse"); model.fit(x, y)
-    >>> fine_tune_rate(model.optimizer).peak
+    >>> fine_tune_rate(keras.optimizers.Adam(3e-3)) is None  # no update yet: the ordinary plan applies
+    True
+    >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    >>> model.compile(optimizer=keras.optimizers.Adam(3e-3), loss="mse")
+    >>> _ = model.fit(np.ones((8, 2)), np.ones((8, 1)), verbose=0)
+    >>> round(fine_tune_rate(model.optimizer).peak, 6)  # a trained model: its training peak
     0.003
     """
     from kerasfast.training.optimizers import unwrap

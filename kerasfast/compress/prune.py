@@ -197,9 +197,17 @@ def prune(
 
     Example:
 
-    >>> result = kerasfast.compress.prune(model, (x_train, y_train), target_sparsity=0.8, epochs=2)
-    >>> print(result.table())
-    >>> model.save("pruned.keras")
+    >>> x = np.random.default_rng(0).normal(size=(256, 16)).astype("float32")
+    >>> y = (x[:, 0] > 0).astype("int32")
+    >>> model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"),
+    ...                           keras.layers.Dense(2, activation="softmax")])
+    >>> model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    >>> _ = model.fit(x, y, epochs=3, verbose=0)
+    >>> result = kerasfast.compress.prune(model, (x, y), target_sparsity=0.8, epochs=2, verbose=0)
+    >>> print(result.table())  # doctest: +ELLIPSIS
+    | layer | type | shape | params | target | sparsity |
+    ...
+    >>> model.save("pruned.keras")  # the pruned model, ready for export
     """
     total_steps = _optimizer_updates(model, data, optimizer, epochs, batch_size, steps_per_epoch)
     end_step, frequency = schedule_steps(total_steps, begin_step, end_step, frequency)

@@ -141,10 +141,18 @@ def export_model(
 
     Example:
 
+    >>> x = np.random.default_rng(0).normal(size=(256, 16)).astype("float32")
+    >>> y = (x[:, 0] > 0).astype("int32")
+    >>> model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"),
+    ...                           keras.layers.Dense(2, activation="softmax")])
+    >>> model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    >>> _ = model.fit(x, y, epochs=3, verbose=0)
     >>> result = kerasfast.export.export_model(
     ...     model, "exported", formats=["keras", "tflite_int8"],
-    ...     representative_data=x_train[:300], eval_data=(x_test, y_test))
-    >>> print(result.table())
+    ...     representative_data=x[:200], eval_data=(x, y))
+    >>> print(result.table())  # doctest: +ELLIPSIS
+    | format | file | size (KB) | ...
+    ...
     """
     checked = _preflight(model, out_dir, formats, representative_data, eval_data,
                          num_calibration_samples=num_calibration_samples, overwrite=overwrite)
