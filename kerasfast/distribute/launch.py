@@ -63,7 +63,6 @@ signal's number.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import ipaddress
 import json
@@ -440,9 +439,11 @@ def _pump(stream, prefix: str, out: _Output, on_line=None) -> None:
     stream.close()
 
 
-@dataclasses.dataclass
 class AttemptOutcome:
     """How one attempt of a job ended.
+
+    A plain class, not a dataclass: tests load this module on its own, as
+    an unprivileged user, outside `sys.modules`.
 
     Attributes:
         code: The launcher's exit code for it (0, a failed worker's code,
@@ -456,12 +457,13 @@ class AttemptOutcome:
         seconds: How long the attempt ran.
     """
 
-    code: int
-    failed_worker: int | None = None
-    worker_code: int | None = None
-    stop_signal: int | None = None
-    resumed_from: str | None = None
-    seconds: float = 0.0
+    def __init__(self, code: int = 0):
+        self.code = code
+        self.failed_worker: int | None = None
+        self.worker_code: int | None = None
+        self.stop_signal: int | None = None
+        self.resumed_from: str | None = None
+        self.seconds = 0.0
 
     def describe(self) -> str:
         if self.failed_worker is None:
