@@ -374,6 +374,14 @@ def test_tensorflow_workers_on_the_host_network_listen_on_every_interface(tmp_pa
     assert text.count(HOST_LINE) == 1 and PRIVATE_LINE not in text, text[:1000]
 
 
+def _default_stop_signals():
+    """Gives the launcher default stop-signal handling even when pytest runs
+    under `nohup` or as a background job (SIGHUP / SIGINT ignored), which
+    the launcher would otherwise rightly keep ignoring."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 @linux_only
 @pytest.mark.parametrize("launcher_command", NETWORKS)
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
@@ -382,7 +390,7 @@ def test_a_stop_signal_stops_every_worker_within_5_seconds(tmp_path, signum, lau
     log = tmp_path / "launch.log"
     with open(log, "w") as output:
         launcher = subprocess.Popen([*launcher_command, script, str(tmp_path)], stdout=output,
-                                    stderr=subprocess.STDOUT, env=ENV)
+                                    stderr=subprocess.STDOUT, env=ENV, preexec_fn=_default_stop_signals)
     pid_files = [tmp_path / f"worker{i}.pid" for i in range(2)]
     pids = []
     try:
