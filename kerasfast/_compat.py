@@ -315,6 +315,11 @@ def serialized_dataset_graph(dataset) -> bytes:
     return dataset._as_serialized_graph().numpy()
 
 
+def stop_server(server) -> None:
+    """Stops a tf.data service `DispatchServer` / `WorkerServer` (TF has no public stop; `join()` never returns)."""
+    server._stop()
+
+
 def data_service_distribute(**arguments):
     """`tf.data.experimental.service.distribute` with the arguments only its
     private implementation takes (`task_refresh_interval_hint_ms`: how often

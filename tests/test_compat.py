@@ -240,3 +240,10 @@ def test_dataset_graph_and_data_service_private_api():
     assert any(node.op == "MapDataset" for node in graph.node)
     parameters = inspect.signature(data_service_ops._distribute).parameters
     assert {"processing_mode", "service", "task_refresh_interval_hint_ms"} <= set(parameters)
+
+
+def test_a_data_service_server_can_be_stopped():
+    service = tf.data.experimental.service
+    server = service.DispatchServer(service.DispatcherConfig(port=0))
+    _compat.stop_server(server)
+    _compat.stop_server(server)  # stopping twice is harmless, as at a second Ctrl-C

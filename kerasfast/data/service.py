@@ -318,7 +318,7 @@ def _serve(server, announce: str) -> None:
     # A timeout keeps the main thread returning to Python, where signal handlers run.
     while not stop.wait(0.5):
         pass
-    server._stop()  # noqa: SLF001 (TensorFlow has no public stop)
+    _compat.stop_server(server)
 
 
 def serve_dispatcher(port: int, work_dir: str | None = None) -> None:
