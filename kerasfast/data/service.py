@@ -307,6 +307,9 @@ def service_stream(data_service: str, x, train_data, strategy, distribution, *, 
 
 # -- the servers ---------------------------------------------------------------------------------------------------
 
+# Seconds a stopping server gets before the process exits without it.
+STOP_GRACE_S = 10.0
+
 
 def _serve(server, announce: str) -> None:
     """Prints `announce` and blocks until SIGINT or SIGTERM, then stops `server`."""
@@ -318,7 +321,16 @@ def _serve(server, announce: str) -> None:
     # A timeout keeps the main thread returning to Python, where signal handlers run.
     while not stop.wait(0.5):
         pass
-    _compat.stop_server(server)
+    # TensorFlow's stop can block (a service worker once took over 30 s in a
+    # loaded test run): a server told to stop exits within STOP_GRACE_S.
+    stopper = threading.Thread(target=_compat.stop_server, args=(server,), daemon=True)
+    stopper.start()
+    stopper.join(STOP_GRACE_S)
+    if stopper.is_alive():
+        click.echo(f"kerasfast data-service: TensorFlow's server did not stop within {STOP_GRACE_S:g} s; "
+                   "exiting without waiting for it", err=True)
+        sys.stdout.flush()
+        os._exit(0)
 
 
 def serve_dispatcher(port: int, work_dir: str | None = None) -> None:
