@@ -572,19 +572,11 @@ def test_a_failed_job_is_restarted_whole_until_an_attempt_succeeds(tmp_path):
 
 def test_a_job_that_keeps_failing_stops_after_its_restarts_with_every_failure_listed(tmp_path):
     script = write_script(tmp_path, FLAKY_WORKER)
-    lines = []
-
-    class Collect:
-        def write(self, text):
-            lines.append(text)
-
-        def flush(self):
-            pass
-
-    code = launch([sys.executable, script, str(tmp_path), "1,2,3"], 2, restarts=2, restart_delay_s=0.1,
-                  out=Collect(), env=ENV)
+    out = io.StringIO()
+    code = launch([sys.executable, script, str(tmp_path), "1,2,3"], 2, restarts=2, restart_delay_s=0.1, out=out,
+                  env=ENV)
     assert code == 5
-    text = "".join(lines)
+    text = out.getvalue()
     assert "[kerasfast launch] giving up: 3 attempt(s) failed (attempt 1: worker 1 exited with code 5 after" in text
     assert "attempt 2: worker 1 exited with code 5 after" in text and ", resumed from epoch 2, step 8;" in text
     assert "attempt 3: worker 1 exited with code 5 after" in text and ", resumed from epoch 2, step 12)" in text
