@@ -176,3 +176,27 @@ def test_a_custom_train_step_cannot_take_gradient_accumulation():
     # Without it, the model's own step runs.
     result = kerasfast.fit(model, X, np.zeros((len(X), 3), "float32"), run_dir=False, verbose=0)
     assert result.plan.train_step == "yours" and "Own.train_step" in result.plan.reasons["train_step"]
+
+
+def test_data_of_unknown_length_shorter_than_one_execution_keeps_its_logs_and_updates():
+    """An epoch of 13 batches of unknown length inside one execution of 16 steps: the
+    History holds its loss (not {}), and the optimizer counts the 13 updates made,
+    as Keras's own multi-step loop does (Keras's one-step function counts one more
+    when the data ends: docs/fit.md)."""
+    unknown = tf.data.Dataset.from_tensor_slices((X, Y)).filter(lambda x, y: True).batch(16)
+    keras_model, ours = _model(), _model()
+    keras_model.compile(keras.optimizers.Adam(0.05), "sparse_categorical_crossentropy", metrics=["accuracy"],
+                        steps_per_execution=4)
+    ours.compile(keras.optimizers.Adam(0.05), "sparse_categorical_crossentropy", metrics=["accuracy"])
+    history = keras_model.fit(unknown, epochs=2, verbose=0)
+    result = kerasfast.fit(ours, unknown, epochs=2, steps_per_execution=16, precision="float32", run_dir=False,
+                           verbose=0)
+    assert int(ours.optimizer.iterations) == int(keras_model.optimizer.iterations) == 26
+    assert sorted(result.history.history) == sorted(history.history)
+    for key, values in history.history.items():
+        np.testing.assert_allclose(result.history.history[key], values, atol=1e-4, err_msg=key)
+    _assert_same_weights(keras_model, ours)
+    # A generator (one pass) shorter than the automatic execution.
+    generator = ((X[i:i + 16], Y[i:i + 16]) for i in range(0, len(X), 16))
+    result = kerasfast.fit(_model(), generator, epochs=1, precision="float32", run_dir=False, verbose=0)
+    assert len(result.history.history["loss"]) == 1

@@ -59,6 +59,23 @@ def _reduce_logs(strategy, logs):
     return {name: strategy.reduce(tf.distribute.ReduceOp.MEAN, value, axis=None) for name, value in logs.items()}
 
 
+def _after_its_batch(step):
+    """`step(data)` with every op it creates waiting for the batch.
+
+    An op that does not read the batch (the optimizer's `iterations`
+    increment, a dropout seed's advance) could otherwise run in an execution
+    whose `next(iterator)` fails at the end of data of unknown length,
+    counting an update that never happened.
+    """
+    import tensorflow as tf
+
+    def guarded(data):
+        with tf.control_dependencies(tf.nest.flatten(data, expand_composites=True)):
+            return step(data)
+
+    return guarded
+
+
 def _repeating_block(apply_after: tuple[bool, ...]) -> tuple[tuple[bool, ...], int]:
     """Splits an execution's update pattern into `(block, repeats)`.
 
@@ -109,6 +126,7 @@ class StepFunctions:
         self._accumulators = None
         self._compute_fn = None
         self._input_wait = None
+        self._batches_taken = None  # batches the train steps have read, ever
         # Micro-steps run so far (resumed runs start from their checkpoint).
         self.micro_steps = micro_steps_done
 
@@ -218,6 +236,7 @@ class StepFunctions:
             batch = next(iterator)
         with tf.control_dependencies(self._tensors(batch)):
             self._input_wait.assign_add(tf.timestamp() - start)
+            self._batches_taken.assign_add(1)
         return batch
 
     def _execution(self, apply_after: tuple[bool, ...]):
@@ -237,13 +256,15 @@ class StepFunctions:
         strategy = self.strategy
         accumulating = self.grad_accum_steps > 1
         step = (self._make_replica_micro_step if accumulating else self._make_replica_train_step)(self._compute_fn)
+        step = _after_its_batch(step)
         block, repeats = _repeating_block(apply_after)
 
         def run_block(iterator, after):
             for apply in block:
                 after = strategy.run(step, args=(self._next_batch(iterator, after),))
                 if apply and accumulating:
-                    strategy.run(self._replica_apply)
+                    with tf.control_dependencies(self._tensors(after)):
+                        strategy.run(self._replica_apply)
             return after  # the last micro-step's logs
 
         def run(iterator):
@@ -277,6 +298,7 @@ class StepFunctions:
             self._create_accumulators()
         if self._input_wait is None:
             self._input_wait = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="input_wait_seconds")
+            self._batches_taken = tf.Variable(0, dtype=tf.int64, trainable=False, name="batches_taken")
         executions = {}
 
         def run(iterator, count: int):
@@ -297,9 +319,31 @@ class StepFunctions:
                 # first, loop-free execution.
                 run(iterator, 1)
                 count -= 1
-            return run(iterator, count)
+            if self.steps_per_epoch:
+                return run(iterator, count)
+            return self._until_data_ends(run, iterator, count)
 
         return train
+
+    def _until_data_ends(self, run, iterator, count: int):
+        """One execution over data of unknown length, which may end inside it.
+
+        The steps before the end have trained and updated the metrics, so
+        their logs are returned, as Keras's own loop over optionals returns
+        them (without them an epoch shorter than one execution would end
+        with no logs at all); the next call, finding no batch, ends the epoch.
+        """
+        import tensorflow as tf
+
+        before = int(self._batches_taken.numpy())
+        try:
+            return run(iterator, count)
+        except tf.errors.OutOfRangeError:
+            taken = int(self._batches_taken.numpy()) - before
+            if not taken:
+                raise
+            self.micro_steps += taken
+            return self.model.get_metrics_result()
 
     def test_function(self):
         import tensorflow as tf
