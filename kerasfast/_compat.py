@@ -228,6 +228,29 @@ def can_convert_arrays(structure) -> bool:
     return array_data_adapter.can_convert_arrays(structure)
 
 
+def is_sparse(x) -> bool:
+    """Whether `x` is a `tf.SparseTensor` or a SciPy sparse matrix (Keras takes both as arrays)."""
+    from keras.src.trainers.data_adapters import data_adapter_utils
+
+    return data_adapter_utils.is_tensorflow_sparse(x) or data_adapter_utils.is_scipy_sparse(x)
+
+
+def sparse_rows(x):
+    """A `tf.SparseTensor` or SciPy sparse matrix as Keras's row-gatherable wrapper (`gather_sparse_rows`)."""
+    from keras.src.trainers.data_adapters import array_slicing, data_adapter_utils
+
+    if data_adapter_utils.is_scipy_sparse(x):
+        x = data_adapter_utils.scipy_sparse_to_tf_sparse(x)
+    return array_slicing.to_tensorflow_sparse_wrapper(x)
+
+
+def gather_sparse_rows(rows, indices):
+    """The rows `indices` of a `sparse_rows` wrapper, as a `tf.SparseTensor` (Keras's own slicing)."""
+    from keras.src.trainers.data_adapters import array_slicing
+
+    return array_slicing.slice_tensorflow_sparse_wrapper(rows, indices)
+
+
 def data_adapter(x, *, class_weight=None, shuffle=False, steps_per_epoch=None):
     """Keras's adapter for a `PyDataset` or a Python generator."""
     from keras.src.trainers.data_adapters import get_data_adapter

@@ -200,3 +200,45 @@ def test_data_of_unknown_length_shorter_than_one_execution_keeps_its_logs_and_up
     generator = ((X[i:i + 16], Y[i:i + 16]) for i in range(0, len(X), 16))
     result = kerasfast.fit(_model(), generator, epochs=1, precision="float32", run_dir=False, verbose=0)
     assert len(result.history.history["loss"]) == 1
+
+
+def _sparse_model():
+    keras.utils.set_random_seed(4)
+    inputs = keras.Input((6,), sparse=True)
+    model = keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(inputs))
+    model.compile(keras.optimizers.SGD(0.2), "sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def test_sparse_and_ragged_inputs_train_as_keras_trains_them():
+    """tf.SparseTensor and SciPy sparse x (Keras takes both as arrays), a dataset of
+    sparse batches, and a tf.RaggedTensor x for a model that reads it."""
+    import scipy.sparse
+
+    dense = np.where(np.abs(X) > 0.8, X, 0.0).astype("float32")
+    cases = {"tf.SparseTensor": dict(x=tf.sparse.from_dense(dense), y=Y, batch_size=16),
+             "scipy": dict(x=scipy.sparse.csr_matrix(dense), y=Y, batch_size=16, validation_split=0.25),
+             "dataset": dict(x=tf.data.Dataset.from_tensor_slices((tf.sparse.from_dense(dense), Y)).batch(16))}
+    for name, arguments in cases.items():
+        keras_model, ours = _sparse_model(), _sparse_model()
+        history = keras_model.fit(**arguments, epochs=2, shuffle=False, verbose=0)
+        result = kerasfast.fit(ours, **arguments, epochs=2, shuffle=False, precision="float32", run_dir=False,
+                               verbose=0)
+        _assert_same_weights(keras_model, ours)
+        for key, values in history.history.items():
+            np.testing.assert_allclose(result.history.history[key], values, atol=1e-4, err_msg=f"{name} {key}")
+
+    tokens = tf.ragged.constant([[1, 2, 3, 4][: i % 4 + 1] for i in range(len(Y))])
+
+    def ragged_model():
+        keras.utils.set_random_seed(4)
+        model = keras.Sequential([keras.layers.Embedding(5, 4), keras.layers.GlobalAveragePooling1D(),
+                                  keras.layers.Dense(3, activation="softmax")])
+        model.compile(keras.optimizers.SGD(0.2), "sparse_categorical_crossentropy")
+        return model
+
+    keras_model, ours = ragged_model(), ragged_model()
+    keras_model.fit(tokens, Y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    kerasfast.fit(ours, tokens, Y, batch_size=16, epochs=2, shuffle=False, precision="float32", run_dir=False,
+                  verbose=0)
+    _assert_same_weights(keras_model, ours)

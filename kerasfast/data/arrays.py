@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from kerasfast import _compat
 from kerasfast._checks import is_int
 from kerasfast.errors import DataError
 
@@ -22,6 +23,38 @@ class ArrayDatasetInfo:
     shuffle: bool
     drop_remainder: bool
     label: str | None = "y"
+
+
+def _is_ragged(leaf) -> bool:
+    import tensorflow as tf
+
+    return isinstance(leaf, tf.RaggedTensor)
+
+
+def num_rows(leaf) -> int | None:
+    """Records in one array (NumPy, tensor, ragged or sparse): its first dimension; None for a scalar."""
+    if _compat.is_sparse(leaf) or _is_ragged(leaf):
+        return int(leaf.shape[0])
+    return int(np.shape(leaf)[0]) if np.ndim(leaf) else None
+
+
+def first_rows(leaf, count: int):
+    """The first `count` records of one array, as a tensor (ragged and sparse kept so)."""
+    import tensorflow as tf
+
+    if _compat.is_sparse(leaf):
+        return _compat.gather_sparse_rows(_compat.sparse_rows(leaf), tf.range(min(count, num_rows(leaf))))
+    return leaf[:count] if _is_ragged(leaf) else tf.convert_to_tensor(leaf[:count])
+
+
+def _rows(leaf):
+    """`(source, take)`: the array in memory and `take(source, indices)` gathering records from it."""
+    import tensorflow as tf
+
+    if _compat.is_sparse(leaf):  # tf.gather does not take sparse tensors: Keras's row-split form does
+        return _compat.sparse_rows(leaf), _compat.gather_sparse_rows
+    source = leaf if _is_ragged(leaf) else tf.convert_to_tensor(np.asarray(leaf))
+    return source, tf.gather
 
 
 def array_dataset(
@@ -47,8 +80,9 @@ def array_dataset(
     run would.
 
     Args:
-        x: a NumPy array, or a dict / tuple / list of arrays (multi-input
-            models), first dimension = records.
+        x: a NumPy array (or a tensor, `tf.RaggedTensor`, `tf.SparseTensor`,
+            SciPy sparse matrix), or a dict / tuple / list of them
+            (multi-input models), first dimension = records.
         y: the targets (array or structure of arrays), or None.
         batch_size: records per batch.
         shuffle: reshuffle every epoch.
@@ -76,14 +110,16 @@ def array_dataset(
     leaves = tf.nest.flatten(data)
     if not leaves:
         raise DataError("x is empty; pass at least one array.")
-    arrays = [np.asarray(a) for a in leaves]
-    lengths = [a.shape[0] if a.ndim else None for a in arrays]
+    lengths = [num_rows(a) for a in leaves]
     if None in lengths or len(set(lengths)) != 1:
         raise DataError(f"x and y need the same number of records (first dimension), got {lengths}.")
     n = lengths[0]
     if n == 0:
         raise DataError("the arrays have no records.")
-    tensors = tf.nest.pack_sequence_as(data, [tf.convert_to_tensor(a) for a in arrays])
+    rows = [_rows(a) for a in leaves]
+
+    def gather(idx):
+        return tf.nest.pack_sequence_as(data, [take(source, idx) for source, take in rows])
 
     if repeat:
         def one_pass(pass_number):
@@ -99,8 +135,7 @@ def array_dataset(
         if shuffle:
             indices = indices.shuffle(n, seed=seed, reshuffle_each_iteration=True)
         batches = indices.batch(batch_size, drop_remainder=drop_remainder)
-    ds = batches.map(lambda idx: tf.nest.map_structure(lambda t: tf.gather(t, idx), tensors),
-                     num_parallel_calls=tf.data.AUTOTUNE, deterministic=seed is not None or not shuffle)
+    ds = batches.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=seed is not None or not shuffle)
     ds = ds.prefetch(tf.data.AUTOTUNE)
     steps = n // batch_size if drop_remainder else math.ceil(n / batch_size)
     ds.kerasfast_info = ArrayDatasetInfo(n, batch_size, steps, bool(shuffle), bool(drop_remainder),

@@ -26,6 +26,7 @@ import numpy as np
 
 from kerasfast import _compat
 from kerasfast._checks import is_number
+from kerasfast.data.arrays import array_dataset, first_rows, num_rows
 from kerasfast.errors import DataError
 from kerasfast.plan import DataFacts
 
@@ -58,8 +59,10 @@ def _unpack(batch):
 
 
 def _as_array(leaf):
-    if leaf is None:
-        return None
+    import tensorflow as tf
+
+    if leaf is None or isinstance(leaf, tf.RaggedTensor) or _compat.is_sparse(leaf):
+        return leaf  # kept as they are: array_dataset gathers their rows
     if hasattr(leaf, "to_numpy") and not hasattr(leaf, "numpy"):  # pandas DataFrame / Series
         return leaf.to_numpy()
     return np.asarray(leaf)  # NumPy arrays, tf / Keras tensors, lists of numbers
@@ -184,9 +187,9 @@ def _from_arrays(x, y, sample_weight, class_weight, batch_size: int, shuffle, se
     lengths = {}
     for name, part in (("x", x), ("y", y), ("sample_weight", sample_weight)):
         for leaf in keras.tree.flatten(part) if part is not None else []:
-            if np.ndim(leaf) == 0:
+            if num_rows(leaf) is None:
                 raise DataError(f"{what}: {name} is a scalar; it must have one row per sample.")
-            lengths[name] = len(leaf)
+            lengths[name] = num_rows(leaf)
     if not lengths:
         raise DataError(f"{what}: x is empty; pass at least one array.")
     if len(set(lengths.values())) > 1:
@@ -195,16 +198,12 @@ def _from_arrays(x, y, sample_weight, class_weight, batch_size: int, shuffle, se
     num_samples = next(iter(lengths.values()))
     if num_samples == 0:
         raise DataError(f"{what} is empty: give at least one sample.")
-    from kerasfast.data import array_dataset
-
     packed = keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
     # The whole packed structure as `x` makes every element that structure.
     # The endless, stateless stream lets a resumed run replay the exact order.
     dataset = array_dataset(packed, None, batch_size=batch_size, shuffle=bool(shuffle), seed=seed, repeat=repeat)
-    import tensorflow as tf
-
     # As tensors: NumPy object arrays (pandas strings) have no Keras dtype.
-    sample = keras.tree.map_structure(lambda a: tf.convert_to_tensor(a[:batch_size]), packed)
+    sample = keras.tree.map_structure(lambda a: first_rows(a, batch_size), packed)
     facts = DataFacts(batch_size=None, num_samples=num_samples, steps_per_epoch=math.ceil(num_samples / batch_size))
     return PreparedData(dataset, facts, _unpack(sample)[0], f"arrays, {num_samples} samples", sample, "arrays")
 
@@ -396,7 +395,7 @@ def check_inputs_match(model, sample_inputs, what: str = "data") -> None:
             )
         pairs = list(zip(given, declared, strict=True))
     for tensor, spec in pairs:
-        shape = tuple(np.shape(tensor))
+        shape = tuple(tensor.shape) if hasattr(tensor, "shape") else tuple(np.shape(tensor))
         expected = tuple(spec.shape)
         if not _shapes_compatible(shape, expected):
             raise DataError(

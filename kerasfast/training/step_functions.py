@@ -218,11 +218,15 @@ class StepFunctions:
         return float(self._input_wait.numpy()) if self._input_wait is not None else 0.0
 
     def _tensors(self, structure) -> list:
-        """The local tensors of a (possibly per-replica) structure."""
+        """The local tensors of a (possibly per-replica) structure, sparse and
+        ragged ones as their component tensors."""
+        import tensorflow as tf
+
         tensors = []
         for value in keras.tree.flatten(structure):
             if value is not None:
-                tensors.extend(self.strategy.experimental_local_results(value))
+                for local in self.strategy.experimental_local_results(value):
+                    tensors.extend(tf.nest.flatten(local, expand_composites=True))
         return tensors
 
     def _next_batch(self, iterator, after):
