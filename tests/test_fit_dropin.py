@@ -242,3 +242,31 @@ def test_sparse_and_ragged_inputs_train_as_keras_trains_them():
     kerasfast.fit(ours, tokens, Y, batch_size=16, epochs=2, shuffle=False, precision="float32", run_dir=False,
                   verbose=0)
     _assert_same_weights(keras_model, ours)
+
+
+def test_a_callback_that_stops_training_leaves_stop_training_set_as_keras_does(tmp_path):
+    stop = keras.callbacks.EarlyStopping(monitor="loss", patience=0, min_delta=10.0)
+    keras_model, ours = _model(), _model()
+    history = keras_model.fit(X, Y, batch_size=20, epochs=5, shuffle=False, callbacks=[stop], verbose=0)
+    result = kerasfast.fit(ours, X, Y, batch_size=20, epochs=5, shuffle=False, callbacks=[stop],
+                           precision="float32", run_dir=False, verbose=0)
+    assert keras_model.stop_training is True and ours.stop_training is True
+    assert result.history.epoch == history.epoch == [0, 1]
+
+    # A run resumed inside an epoch trains in two Keras fits (the rest of that epoch, then the
+    # others): a callback stopping the first must not be undone by the second.
+    class Crash(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if self.model.optimizer.iterations.numpy() == 13:  # epoch 1 (10 steps each), step 3
+                raise RuntimeError("crash")
+
+    class StopAfterEpoch(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            self.model.stop_training = epoch == 1
+
+    common = dict(batch_size=20, epochs=4, backup_dir=tmp_path, backup_every=2, run_dir=False, verbose=0)
+    with pytest.raises(RuntimeError, match="crash"):
+        kerasfast.fit(_model(), X, Y, callbacks=[Crash()], **common)
+    model = _model()
+    result = kerasfast.fit(model, X, Y, callbacks=[StopAfterEpoch()], **common)
+    assert result.history.epoch == [0, 1] and int(model.optimizer.iterations) == 20

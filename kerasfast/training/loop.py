@@ -135,4 +135,6 @@ def run_epochs(model, stream_from, *, plan, epochs: int, callbacks: list, verbos
             shuffle=False,  # the dataset shuffles itself; Keras would only warn
             **(validation or {}),
         ))
+        if model.stop_training:
+            break  # a callback stopped the run; the next `fit` call would start it again
     return _merge(histories, earlier, progress.epoch if progress else 0)

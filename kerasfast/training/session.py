@@ -33,8 +33,9 @@ _INSTALLED = ("train_function", "test_function", "make_train_function", "make_te
 
 @contextlib.contextmanager
 def model_attributes_restored(model):
-    """Restores kerasfast's installed functions, steps per execution, the
-    creation strategy and `stop_training` on leaving the block."""
+    """Restores kerasfast's installed functions, steps per execution and the
+    creation strategy on leaving the block. `stop_training` stays as training
+    left it (True after a callback stopped the run), as Keras leaves it."""
     saved = {name: model.__dict__[name] for name in _INSTALLED if name in model.__dict__}
     steps_per_execution = model.steps_per_execution
     strategy = _compat.creation_strategy(model)
@@ -49,7 +50,6 @@ def model_attributes_restored(model):
         model.steps_per_execution = steps_per_execution
         if not _compat.is_multi_worker(strategy):
             _compat.attach_strategy(model, strategy)
-        model.stop_training = False
 
 
 class LearningRateControl:
