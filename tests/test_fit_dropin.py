@@ -270,3 +270,29 @@ def test_a_callback_that_stops_training_leaves_stop_training_set_as_keras_does(t
     model = _model()
     result = kerasfast.fit(model, X, Y, callbacks=[StopAfterEpoch()], **common)
     assert result.history.epoch == [0, 1] and int(model.optimizer.iterations) == 20
+
+
+def test_a_layer_kept_float32_in_a_mixed_precision_model_stays_float32():
+    """A model built under mixed_bfloat16 with a hidden layer pinned to float32 trains
+    under precision='mixed_bfloat16' exactly as Keras trains it: the pinned layer is not
+    switched to bfloat16."""
+    def build():
+        keras.utils.set_random_seed(4)
+        keras.config.set_dtype_policy("mixed_bfloat16")
+        try:
+            inputs = keras.Input((6,))
+            hidden = keras.layers.Dense(12, activation="tanh")(inputs)
+            hidden = keras.layers.Dense(12, activation="tanh", dtype="float32", name="pinned")(hidden)
+            outputs = keras.layers.Dense(3, activation="softmax", dtype="float32")(hidden)
+            model = keras.Model(inputs, outputs)
+        finally:
+            keras.config.set_dtype_policy("float32")
+        model.compile(keras.optimizers.SGD(0.2), "sparse_categorical_crossentropy")
+        return model
+
+    keras_model, ours = build(), build()
+    keras_model.fit(X, Y, batch_size=20, epochs=2, shuffle=False, verbose=0)
+    kerasfast.fit(ours, X, Y, batch_size=20, epochs=2, shuffle=False, precision="mixed_bfloat16", jit_compile=False,
+                  run_dir=False, verbose=0)
+    _assert_same_weights(keras_model, ours)
+    assert ours.get_layer("pinned").compute_dtype == "float32" and ours.layers[1].compute_dtype == "bfloat16"

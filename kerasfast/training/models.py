@@ -136,12 +136,18 @@ def _functional_models(model) -> list:
 
 
 def _kept_in_float32(model) -> set[int]:
-    """Layers whose outputs leave a (sub-)model: they stay float32 under a
-    mixed policy, so outputs and losses keep full precision."""
+    """Layers that stay float32 under a mixed policy: those whose outputs
+    leave a (sub-)model, so outputs and losses keep full precision, and in a
+    model the user built with a mixed policy, the layers they kept float32
+    (Keras's mixed-precision guide pins e.g. a final softmax so)."""
     kept = set()
     for graph in _functional_models(model):
         names = _output_layer_names(graph)
         kept.update(id(layer) for layer in _compat.flatten_layers(graph) if layer.name in names)
+    policies = {id(layer): layer.dtype_policy.name for layer in _compat.flatten_layers(model)
+                if getattr(layer, "dtype_policy", None) is not None}
+    if any(name.startswith("mixed_") for name in policies.values()):
+        kept.update(layer for layer, name in policies.items() if name == "float32")
     return kept
 
 
@@ -153,7 +159,8 @@ def computing_in(model, policy: str, remat: str | None = None):
     Mixed policies keep float32 variables, so switching a built layer's
     compute dtype in place is exact: nothing is rebuilt or copied, and the
     model object the user holds is the one that trains. Layers whose outputs
-    leave the model (or a nested functional model) stay float32.
+    leave the model (or a nested functional model) stay float32, as do the
+    layers a model built under a mixed policy keeps in float32.
 
     Args:
         model: A Keras model (any kind, built or not).
