@@ -296,3 +296,9 @@ def test_a_layer_kept_float32_in_a_mixed_precision_model_stays_float32():
                   run_dir=False, verbose=0)
     _assert_same_weights(keras_model, ours)
     assert ours.get_layer("pinned").compute_dtype == "float32" and ours.layers[1].compute_dtype == "bfloat16"
+
+
+def test_model_history_is_the_returned_history_as_in_keras():
+    model = _model()
+    result = kerasfast.fit(model, X, Y, batch_size=20, epochs=2, run_dir=False, verbose=0)
+    assert model.history is result.history and len(model.history.history["loss"]) == 2

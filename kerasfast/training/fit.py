@@ -1104,6 +1104,7 @@ def _finish(prepared, plan, start, train_data, history, meter, folder, pruned_la
             if not user_model.optimizer.built:
                 user_model.optimizer.build(user_model.trainable_variables)
             copy_optimizer_state(train_model.optimizer, user_model.optimizer)
+    prepared.user_model.history = history  # as Keras's fit leaves it: the History it returned
     throughput = meter.result()
     result = FitResult(
         history=history, plan=plan, throughput=throughput, model=prepared.user_model, train_model=train_model,
