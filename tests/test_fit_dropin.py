@@ -302,3 +302,19 @@ def test_model_history_is_the_returned_history_as_in_keras():
     model = _model()
     result = kerasfast.fit(model, X, Y, batch_size=20, epochs=2, run_dir=False, verbose=0)
     assert model.history is result.history and len(model.history.history["loss"]) == 2
+
+
+def test_arguments_keras_takes_loosely_work_and_string_labels_are_refused_clearly():
+    # A single callback (not in a list) and NumPy integer counts, as Keras takes them.
+    seen = []
+    callback = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: seen.append(epoch))
+    keras_model, ours = _model(), _model()
+    keras_model.fit(X, Y, batch_size=np.int64(20), epochs=np.int64(2), shuffle=False, verbose=0)
+    result = kerasfast.fit(ours, X, Y, batch_size=np.int64(20), epochs=np.int64(2), shuffle=False,
+                           callbacks=callback, precision="float32", run_dir=False, verbose=0)
+    _assert_same_weights(keras_model, ours)
+    assert seen == [0, 1] and result.plan.global_batch_size == 20
+    with pytest.raises(kerasfast.DataError, match="x is None"):
+        kerasfast.fit(_model(), None, Y, run_dir=False, verbose=0)
+    with pytest.raises(kerasfast.DataError, match="y holds strings"):
+        kerasfast.fit(_model(), X, np.array(["a", "b", "c"])[Y], run_dir=False, verbose=0)

@@ -764,6 +764,10 @@ def fit(
     (3, True)
     """
     x = _one_training_data(x, data)
+    callbacks = keras.tree.flatten(callbacks) if callbacks else []  # Keras also takes a single callback
+    epochs, initial_epoch, batch_size, steps_per_epoch, validation_steps, validation_batch_size = (
+        _python_int(value) for value in (epochs, initial_epoch, batch_size, steps_per_epoch, validation_steps,
+                                         validation_batch_size))
     _check_fit_arguments(epochs=epochs, initial_epoch=initial_epoch, validation_freq=validation_freq,
                          steps_per_epoch=steps_per_epoch, validation_steps=validation_steps, resume=resume,
                          on_nan=on_nan, max_recoveries=max_recoveries, loss_upper_bound=loss_upper_bound, tune=tune,
@@ -771,7 +775,6 @@ def fit(
                          data_service=data_service)
     request = _Request.of(options, batch_size=batch_size, steps_per_epoch=steps_per_epoch)
     overrides = request.overrides
-    callbacks = list(callbacks or [])
     start = _start(overrides, strategy=strategy, run_dir=run_dir, backup_dir=backup_dir, backup_every=backup_every,
                    seed=seed, resume=resume)
     tf_strategy = start.distribution.strategy
@@ -854,6 +857,11 @@ def fit(
                 divergence=dict(on_nan=on_nan, max_recoveries=max_recoveries, loss_upper_bound=loss_upper_bound))
         return _finish(prepared, plan, start, train_data, history, meter, folder, pruned_layers,
                        save_model_file=save_model_file, verbose=verbose, recoveries=guard.recoveries)
+
+
+def _python_int(value):
+    """A NumPy integer (a count read from an array or a config) as a Python int, as Keras takes it."""
+    return int(value) if isinstance(value, np.integer) else value
 
 
 def _one_training_data(x, data):

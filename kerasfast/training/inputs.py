@@ -160,6 +160,20 @@ def split_validation(x, y, sample_weight, validation_split):
         raise DataError(f"validation_split={validation_split}: {error}") from error
 
 
+def _check_not_strings(part, name: str, what: str) -> None:
+    """Refuses string targets (Keras refuses NumPy string arrays too): a loss needs numbers."""
+    import keras
+
+    for leaf in keras.tree.flatten(part) if part is not None else []:
+        if isinstance(leaf, np.ndarray) and (leaf.dtype.kind in "US" or (
+                leaf.dtype.kind == "O" and leaf.size and isinstance(leaf.flat[0], (str, bytes)))):
+            raise DataError(
+                f"{what}: {name} holds strings ({leaf.flat[0]!r}, ...), but a loss needs numbers: encode the labels "
+                "as integers first (e.g. keras.layers.StringLookup(num_oov_indices=0) or np.unique(y, "
+                "return_inverse=True)[1])."
+            )
+
+
 def _first_dim(structure) -> int | None:
     import tensorflow as tf
 
@@ -174,6 +188,7 @@ def _from_arrays(x, y, sample_weight, class_weight, batch_size: int, shuffle, se
     import keras
 
     x, y, sample_weight = (_arrays(part) if part is not None else None for part in (x, y, sample_weight))
+    _check_not_strings(y, "y", what)
     if class_weight is not None:
         if y is None:
             raise DataError("class_weight= needs targets: pass y= (class_weight turns each label into a weight).")
@@ -324,10 +339,10 @@ def prepare_data(x, y=None, sample_weight=None, *, batch_size: int | None, class
     if isinstance(x, tf.data.Dataset):
         _no_arrays_beside(x, y, sample_weight, "a tf.data.Dataset")
         return _dataset(x, what, class_weight)
-    if _compat.can_convert_arrays((x, y, sample_weight)):
-        return _from_arrays(x, y, sample_weight, class_weight, batch_size, shuffle, seed, what, repeat)
     if x is None:
         raise DataError(f"{what}: x is None; pass the training data (arrays, a tf.data.Dataset, a PyDataset, ...).")
+    if _compat.can_convert_arrays((x, y, sample_weight)):
+        return _from_arrays(x, y, sample_weight, class_weight, batch_size, shuffle, seed, what, repeat)
     import keras
 
     if isinstance(x, keras.utils.PyDataset) or hasattr(x, "__next__"):
