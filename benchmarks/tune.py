@@ -4,14 +4,18 @@ For each model, in one run: plain `model.fit` (float32, Keras defaults) and
 `kerasfast.fit` with `tune="off"` (the rules) and `tune="auto"` (its default,
 with its own budget: 10% of the run's estimated time) on a run sized to last
 about `--seconds` under plain Keras, timing each whole call (plan, tuning,
-model rebuild, compilation and training); and each candidate of the tuning
-grid forced with `tune="off"` on a short run, the best of which is the
-oracle (with the rules' and the tuned plan's rates from the long runs,
-both grid candidates themselves). Rates are steady-state samples/s after the first (compiling)
-execution. "tuning" is the tuned call's extra seconds over the rules' call,
-as a share of the plain run.
+model rebuild, compilation and training).
 
-    python benchmarks/tune.py [--quick] [--seconds 20] [--only NAME]
+The oracle is the best plan an expert could pick by hand: every candidate
+of the tuning grid is forced with `tune="off"` for the same number of
+epochs as the whole calls. The best of the grid and auto's own plan are
+then run again, alternately, `--confirm` times each, and "auto / oracle"
+compares their means: taking the single best of ten noisy runs would
+otherwise favour whichever candidate was lucky. Rates are steady-state
+samples/s after the first (compiling) execution. "tuning" is the tuned
+call's extra seconds over the rules' call, as a share of the plain run.
+
+    python benchmarks/tune.py [--quick] [--seconds 20] [--confirm 2] [--only NAME[,NAME]]
 """
 
 from __future__ import annotations
@@ -95,13 +99,46 @@ def fast(build, x, y, batch_size, loss, epochs, **options):
     return result.throughput.samples_per_second, time.perf_counter() - started, result
 
 
+def plan_options(plan) -> dict:
+    """The `fit` overrides that force `plan`'s tuned fields."""
+    return {"precision": plan.precision, "jit_compile": plan.jit_compile,
+            "steps_per_execution": plan.steps_per_execution}
+
+
+def describe(options: dict) -> str:
+    return f"{options['precision']}, jit={options['jit_compile']}, spe={options['steps_per_execution']}"
+
+
+def oracle(build, x, y, batch_size, loss, epochs, rules, auto, hardware, confirm):
+    """(best grid plan's options, its mean rate, auto's plan's mean rate)
+    from alternating re-runs of the grid's best and auto's plan."""
+    grid = candidate_plans(rules.plan, hardware, kerasfast.plan.ModelFacts(), kerasfast.plan.RunFacts(),
+                           mode="auto")
+    rates = {describe(plan_options(rules.plan)): rules.throughput.samples_per_second}
+    for candidate in grid[1:]:
+        options = plan_options(candidate)
+        rates[describe(options)] = fast(build, x, y, batch_size, loss, epochs, tune="off", **options)[0]
+    best = max(grid, key=lambda plan: rates[describe(plan_options(plan))])
+    best_options, auto_options = plan_options(best), plan_options(auto.plan)
+    if best_options == auto_options:  # auto picked the oracle: nothing to confirm
+        return best_options, rates[describe(best_options)], rates[describe(best_options)]
+    best_rates, auto_rates = [], []
+    for _ in range(confirm):
+        best_rates.append(fast(build, x, y, batch_size, loss, epochs, tune="off", **best_options)[0])
+        auto_rates.append(fast(build, x, y, batch_size, loss, epochs, tune="off", **auto_options)[0])
+    return best_options, float(np.mean(best_rates)), float(np.mean(auto_rates))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smaller data for the grid's short runs")
+    parser.add_argument("--quick", action="store_true", help="smaller data")
     parser.add_argument("--seconds", type=float, default=20.0,
                         help="length of the plain-Keras run the whole calls are compared on")
+    parser.add_argument("--confirm", type=int, default=2,
+                        help="alternating re-runs of the grid's best plan and auto's plan")
     parser.add_argument("--budget", type=float, default=None, help="tune_budget_s (default: tune='auto''s own)")
-    parser.add_argument("--only", default="", help="run only the models whose name contains this text")
+    parser.add_argument("--only", default="",
+                        help="comma-separated texts: run only the models whose name contains one of them")
     args = parser.parse_args(argv)
     import os
     import tempfile
@@ -109,33 +146,30 @@ def main(argv=None):
     # A fresh cache: every tuned run here measures.
     os.environ["KERASFAST_CACHE_DIR"] = tempfile.mkdtemp(prefix="kerasfast-tune-bench-")
     hardware = kerasfast.detect_hardware()
-    print(f"Whole calls on runs of ~{args.seconds:.0f} s of plain Keras; grid candidates on 2-epoch runs.\n")
+    wanted = [text.strip().lower() for text in args.only.split(",")]
+    print(f"Runs of ~{args.seconds:.0f} s of plain Keras; every grid candidate for the same epochs; the grid's best "
+          f"and auto's plan re-run alternately {args.confirm} times each.\n")
     print("| model | epochs | plain fit s | rules call s | auto call s | auto / plain (whole call) | plain samples/s "
-          "| rules | oracle (best of grid) | auto | auto / plain | auto / oracle | tuning s (share) | auto's choice |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+          "| auto call samples/s | auto / plain | oracle plan | oracle (mean) | auto's plan (mean) | auto / oracle "
+          "| tuning s (share) | auto's choice |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|")
     for name, build, x, y, batch_size, loss in models(args.quick):
-        if args.only.lower() not in name.lower():
+        if not any(text in name.lower() for text in wanted):
             continue
         short_rate, _ = plain(build, x, y, batch_size, loss, 2)
         epochs = max(3, round(args.seconds * short_rate / len(x)))
         plain_rate, plain_s = plain(build, x, y, batch_size, loss, epochs)
-        rules_rate, rules_s, rules = fast(build, x, y, batch_size, loss, epochs, tune="off")
+        _, rules_s, rules = fast(build, x, y, batch_size, loss, epochs, tune="off")
         options = {} if args.budget is None else {"tune_budget_s": args.budget}
         auto_rate, auto_s, auto = fast(build, x, y, batch_size, loss, epochs, tune="auto", **options)
-        grid = candidate_plans(rules.plan, hardware, kerasfast.plan.ModelFacts(), kerasfast.plan.RunFacts(),
-                               mode="auto")
-        oracle = max(rules_rate, auto_rate)  # both are grid candidates too
-        for candidate in grid[1:]:
-            rate = fast(build, x, y, batch_size, loss, 2, tune="off", precision=candidate.precision,
-                        jit_compile=candidate.jit_compile, steps_per_execution=candidate.steps_per_execution)[0]
-            oracle = max(oracle, rate)
-        plan = auto.plan
-        tuned = "" if plan.tuning else " (not tuned)"
-        choice = f"{plan.precision}, jit={plan.jit_compile}, spe={plan.steps_per_execution}{tuned}"
+        best, best_rate, auto_plan_rate = oracle(build, x, y, batch_size, loss, epochs, rules, auto, hardware,
+                                                 args.confirm)
+        tuned = "" if auto.plan.tuning else " (not tuned)"
         print(f"| {name} | {epochs} | {plain_s:.1f} | {rules_s:.1f} | {auto_s:.1f} | {plain_s / auto_s:.2f}x | "
-              f"{plain_rate:,.0f} | {rules_rate:,.0f} | {oracle:,.0f} | {auto_rate:,.0f} | {auto_rate / plain_rate:.2f}x "
-              f"| {auto_rate / oracle:.2f}x | {auto_s - rules_s:.1f} ({(auto_s - rules_s) / plain_s:.0%}) | {choice} |",
-              flush=True)
+              f"{plain_rate:,.0f} | {auto_rate:,.0f} | {auto_rate / plain_rate:.2f}x | {describe(best)} | "
+              f"{best_rate:,.0f} | {auto_plan_rate:,.0f} | {auto_plan_rate / best_rate:.2f}x "
+              f"| {auto_s - rules_s:.1f} ({(auto_s - rules_s) / plain_s:.0%}) | "
+              f"{describe(plan_options(auto.plan))}{tuned} |", flush=True)
 
 
 if __name__ == "__main__":
