@@ -48,13 +48,16 @@ def _start(args, pattern):
     raise AssertionError(f"data-service {args} did not start: {''.join(seen)[-2000:]}")
 
 
-def _stop(process):
-    process.send_signal(signal.SIGTERM)
+def _stop(*processes):
+    """SIGTERMs `processes` together (each may take its grace period); their exit codes."""
+    for process in processes:
+        process.send_signal(signal.SIGTERM)
     try:
-        return process.wait(timeout=30)
+        return [process.wait(timeout=30) for process in processes]
     finally:
-        process.kill()
-        process.stdout.close()
+        for process in processes:
+            process.kill()
+            process.stdout.close()
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +70,7 @@ def service():
                       rf"serving localhost:{port}")[0] for port in worker_ports]
     yield f"grpc://localhost:{dispatcher_port}"
     # SIGTERM stops each server cleanly (exit 0).
-    assert [_stop(worker) for worker in workers] == [0, 0]
-    assert _stop(dispatcher) == 0
+    assert _stop(*workers, dispatcher) == [0, 0, 0]
 
 
 @pytest.fixture(scope="module")

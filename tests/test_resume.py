@@ -69,23 +69,6 @@ def test_single_device_run_killed_mid_epoch_resumes_exactly(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_worker_job_with_a_worker_killed_resumes_exactly(tmp_path):
-    uninterrupted, interrupted = tmp_path / "a", tmp_path / "b"
-    done = _run(LAUNCH + [sys.executable, str(RESUMABLE), str(uninterrupted), "multi_worker"])
-    assert done.returncode == 0, done.stdout[-3000:]
-    killed = _run(LAUNCH + [sys.executable, str(RESUMABLE), str(interrupted), "multi_worker", "1", "7"])
-    assert killed.returncode == 128 + 9, killed.stdout[-3000:]
-    assert "worker 1 exited with code -9; stopping the others" in killed.stdout
-    resumed = _run(LAUNCH + [sys.executable, str(RESUMABLE), str(interrupted), "multi_worker"])
-    assert resumed.returncode == 0, resumed.stdout[-3000:]
-    assert "[worker 0] kerasfast: resuming from" in resumed.stdout
-    _assert_same_run(uninterrupted, interrupted, workers=2)
-    # Identical weights on both workers, too.
-    for x, y in zip(_weights(interrupted, 0), _weights(interrupted, 1), strict=True):
-        np.testing.assert_array_equal(x, y)
-
-
-@pytest.mark.slow
 def test_the_launcher_restarts_a_job_killed_three_times_and_it_ends_bit_identical(tmp_path):
     """`kerasfast launch --restarts 3`: a random worker is killed (kill -9)
     after a random number of executions plus 0-20 ms, in each of the first
@@ -191,7 +174,7 @@ def test_plain_keras_multi_worker_fit_still_fails_upstream():
 
 
 @pytest.mark.slow
-def test_ten_kills_at_random_moments_each_resumed_end_bit_identical(tmp_path):
+def test_six_kills_at_random_moments_each_resumed_end_bit_identical(tmp_path):
     """Kills land after random steps plus a random delay, so some fall in the
     middle of writing a backup (every 2 steps here); each is resumed."""
     uninterrupted, interrupted = tmp_path / "a", tmp_path / "b"
@@ -200,7 +183,7 @@ def test_ten_kills_at_random_moments_each_resumed_end_bit_identical(tmp_path):
                           text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rng = np.random.default_rng(20)
-    for kill in range(10):
+    for kill in range(6):
         # Killed 0-20 ms after its first or second execution: in the next
         # execution, or while the backup of the last one is being written.
         executions, delay_ms = int(rng.integers(1, 3)), int(rng.integers(0, 20))

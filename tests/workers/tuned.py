@@ -38,7 +38,7 @@ def build():
     return model
 
 
-result = kerasfast.fit(build, x, y, strategy="multi_worker", tune="full", tune_budget_s=60, epochs=1, batch_size=64,
+result = kerasfast.fit(build, x, y, strategy="multi_worker", tune="full", tune_budget_s=15, epochs=1, batch_size=64,
                        run_dir=False, verbose=0)
 plan = result.plan
 (out_dir / f"plan.{run_name}.worker{index}.json").write_text(json.dumps({
