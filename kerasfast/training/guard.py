@@ -8,9 +8,12 @@ from Keras's loss tracker: two scalars per execution, no extra pass over
 anything) and at every logged value. A loss that is not finite, or that
 jumps above `loss_upper_bound` or `SPIKE_FACTOR` times the median of the
 recent executions' losses (TF Model Garden's blow-up check) and back above
-half the loss training started from, is a divergence. (The second condition
-keeps a converged model's wobble, 0.002 to 0.02, from counting: measured on
-a digits convnet, it rolled back and halved the rate of a healthy run.) What happens then is `on_nan`:
+the loss of the run's first execution, is a divergence. (The second
+condition keeps a healthy run's wobble from counting: a converged model going
+from 0.002 to 0.02, or a ResNet's Adam spike from 0.01 to 0.2 that Keras
+trains through, were measured being rolled back with the rate halved. A loss
+worse than the untrained model's is a blow-up; one below it is training.)
+What happens then is `on_nan`:
 
 - "recover": put back the last good state (weights, optimizer, metrics),
   halve the learning rate and carry on with the next batches (the ones that
@@ -39,9 +42,6 @@ ON_NAN = ("recover", "stop", "ignore")
 SPIKE_FACTOR = 10.0
 # Executions seen before the spike check starts (early losses fall fast).
 SPIKE_WARMUP = 20
-# A spike must also reach this share of the starting loss (the median of the
-# first SPIKE_WARMUP executions) to count as a blow-up.
-SPIKE_START_SHARE = 0.5
 RECOVERY_LR_FACTOR = 0.5
 
 
@@ -95,16 +95,18 @@ def _arrays(structure, path):
 
 def blew_up(loss: float, recent_median: float, start_level: float) -> bool:
     """Whether `loss` is a blow-up: `SPIKE_FACTOR` times the recent median
-    and back above `SPIKE_START_SHARE` of the loss training started from.
+    and back above `start_level`, the loss training started from.
 
     Example:
 
     >>> blew_up(0.02, recent_median=0.002, start_level=2.3)  # a converged model's wobble
     False
+    >>> blew_up(0.2, recent_median=0.01, start_level=2.3)  # a spike training recovers from
+    False
     >>> blew_up(40.0, recent_median=0.5, start_level=2.3)
     True
     """
-    return recent_median > 0 and loss > SPIKE_FACTOR * recent_median and loss > SPIKE_START_SHARE * start_level
+    return recent_median > 0 and loss > SPIKE_FACTOR * recent_median and loss > start_level
 
 
 class DivergenceGuard(keras.callbacks.Callback):
@@ -209,9 +211,11 @@ class DivergenceGuard(keras.callbacks.Callback):
             return None
         if self.loss_upper_bound is not None and loss > self.loss_upper_bound:
             return f"the loss {loss:.4g} exceeded loss_upper_bound={self.loss_upper_bound}"
+        if self._start_level is None:
+            # The first execution's loss: the closest to the untrained
+            # model's (a median of later ones can already be converged).
+            self._start_level = loss
         if len(self._recent) >= SPIKE_WARMUP:
-            if self._start_level is None:
-                self._start_level = float(np.median(self._recent))
             median = float(np.median(self._recent))
             if blew_up(loss, median, self._start_level):
                 return (f"the loss jumped to {loss:.4g}, {loss / median:.0f}x the median {median:.4g} of recent "
