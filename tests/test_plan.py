@@ -62,6 +62,41 @@ def test_depthwise_and_recurrent_models_keep_float32_on_a_bf16_cpu():
     assert resolve_plan(CPU_BF16, model=ModelFacts(**big), batch_size=64).jit_compile is False
 
 
+def test_a_layer_normalised_stack_gets_xla_and_float32_on_a_cpu_unless_dropout_or_convolutions():
+    big = dict(forward_flops_per_sample=10_000_000, layer_norm_layers=("norm1", "norm2"))
+    stack = resolve_plan(CPU_BF16, model=ModelFacts(**big), batch_size=32)
+    assert (stack.precision, stack.jit_compile) == ("float32", True)
+    assert "layer norms (norm1, norm2" in stack.reasons["jit_compile"] and "XLA" in stack.reasons["precision"]
+    for other in ({"random_layers": ("dropout",)}, {"conv_flops": 1_000}):
+        plan = resolve_plan(CPU_BF16, model=ModelFacts(**big, **other), batch_size=32)
+        assert (plan.precision, plan.jit_compile) == ("onednn_bfloat16", False), other
+    # Your jit_compile=False keeps the precision rules of a step without XLA.
+    off = resolve_plan(CPU_BF16, model=ModelFacts(**big), batch_size=32, jit_compile=False)
+    assert (off.precision, off.jit_compile) == ("onednn_bfloat16", False)
+    gpu = resolve_plan(Hardware(gpus=(GPU("A100", (8, 0)),)), model=ModelFacts(**big), batch_size=32)
+    assert (gpu.precision, gpu.jit_compile) == ("mixed_bfloat16", True)
+
+
+def test_the_model_facts_see_layer_norms_dropout_and_convolutions():
+    rng = np.random.default_rng(0)
+    tokens, labels = rng.integers(0, 50, (64, 16)), rng.integers(0, 2, 64)
+
+    def encoder(dropout):
+        inputs = keras.Input((16,), dtype="int32")
+        x = keras.layers.Embedding(50, 16)(inputs)
+        x = keras.layers.LayerNormalization()(x + keras.layers.MultiHeadAttention(2, 8, dropout=dropout)(x, x))
+        return keras.Model(inputs, keras.layers.Dense(2)(keras.layers.GlobalAveragePooling1D()(x)))
+
+    facts = [kerasfast.fit(encoder(dropout), tokens, labels, tune="off", **FIT).plan for dropout in (0.0, 0.1)]
+    if kerasfast.detect_hardware().accelerator == "cpu":
+        assert [plan.jit_compile for plan in facts] == [True, False]
+        assert "layer norms" in facts[0].reasons["jit_compile"]
+    images = rng.random((64, 8, 8, 3), dtype=np.float32)
+    conv = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Conv2D(8, 3), keras.layers.LayerNormalization(),
+                             keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(2)])
+    assert kerasfast.fit(conv, images, labels, tune="off", **FIT).plan.jit_compile is False
+
+
 def test_the_model_facts_see_depthwise_and_recurrent_layers():
     rng = np.random.default_rng(0)
     images, labels = rng.random((64, 32, 32, 32), dtype=np.float32), rng.integers(0, 2, 64)

@@ -139,6 +139,14 @@ def _jit_blockers(model) -> tuple[str, ...]:
                  if not getattr(layer, "supports_jit", True))
 
 
+def _draws_random_numbers(layer) -> bool:
+    """Dropout, noise and random augmentation layers (each holds a Keras
+    seed generator), unless their rate or deviation is 0."""
+    if not any(isinstance(value, keras.random.SeedGenerator) for value in vars(layer).values()):
+        return False
+    return all(getattr(layer, name, 1) != 0 for name in ("rate", "stddev"))
+
+
 def _sample_shape(sample):
     import tensorflow as tf
 
@@ -242,12 +250,16 @@ def _model_facts(model, train_data, optimizer) -> ModelFacts:
         shapes, dtypes = _sample_shape(train_data.sample_inputs)
         flops = costs.forward_flops(model, shapes, dtypes)
     spe = settings.get("steps_per_execution", 1)
+    layers = _compat.flatten_layers(model, include_self=False)
     return ModelFacts(
         layers_without_jit=_jit_blockers(model),
         forward_flops_per_sample=flops.total if flops else None,
         depthwise_conv_flops=flops.by_op_type.get("DepthwiseConv2dNative", 0) if flops else 0,
-        recurrent_layers=tuple(layer.name for layer in _compat.flatten_layers(model, include_self=False)
-                               if isinstance(layer, keras.layers.RNN)),
+        recurrent_layers=tuple(layer.name for layer in layers if isinstance(layer, keras.layers.RNN)),
+        layer_norm_layers=tuple(layer.name for layer in layers if isinstance(layer, keras.layers.LayerNormalization)),
+        random_layers=tuple(layer.name for layer in layers if _draws_random_numbers(layer)),
+        conv_flops=sum(count for op, count in flops.by_op_type.items() if op.startswith(("Conv", "DepthwiseConv")))
+        if flops else 0,
         user_optimizer=type(optimizers.unwrap(template)).__name__ if template is not None else None,
         user_learning_rate=optimizers.constant_learning_rate(template) if template is not None else None,
         custom_train_step=own_step,
