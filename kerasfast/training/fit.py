@@ -257,6 +257,7 @@ def _model_facts(model, train_data, optimizer) -> ModelFacts:
         depthwise_conv_flops=flops.by_op_type.get("DepthwiseConv2dNative", 0) if flops else 0,
         recurrent_layers=tuple(layer.name for layer in layers if isinstance(layer, keras.layers.RNN)),
         layer_norm_layers=tuple(layer.name for layer in layers if isinstance(layer, keras.layers.LayerNormalization)),
+        batch_norm_layers=tuple(layer.name for layer in layers if isinstance(layer, keras.layers.BatchNormalization)),
         random_layers=tuple(layer.name for layer in layers if _draws_random_numbers(layer)),
         conv_flops=sum(count for op, count in flops.by_op_type.items() if op.startswith(("Conv", "DepthwiseConv")))
         if flops else 0,
