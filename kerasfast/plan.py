@@ -411,8 +411,8 @@ def resolve_precision(hardware: Hardware, requested: str = "auto", *, train_step
     if hardware.accelerator == "gpu":
         return _gpu_precision(hardware)
     return _cpu_precision(hardware, train_step_flops=train_step_flops, depthwise_convs=depthwise_convs,
-                          recurrent=recurrent, conv_batch_norm=conv_batch_norm, normalised_stack_under_xla=normalised_stack_under_xla,
-                          jit_compile=jit_compile)
+                          recurrent=recurrent, conv_batch_norm=conv_batch_norm,
+                          normalised_stack_under_xla=normalised_stack_under_xla, jit_compile=jit_compile)
 
 
 def _requested_precision(hardware: Hardware, requested: str, jit_compile) -> tuple[str, str]:

@@ -239,6 +239,10 @@ def _start(overrides: Overrides, *, strategy, run_dir, backup_dir, backup_every,
                   resume == "force")
 
 
+def _names_of(layers, layer_class) -> tuple[str, ...]:
+    return tuple(layer.name for layer in layers if isinstance(layer, layer_class))
+
+
 def _model_facts(model, train_data, optimizer) -> ModelFacts:
     """What the plan needs to know about the model and its compile settings."""
     settings = _compat.compile_config(model)
@@ -255,9 +259,9 @@ def _model_facts(model, train_data, optimizer) -> ModelFacts:
         layers_without_jit=_jit_blockers(model),
         forward_flops_per_sample=flops.total if flops else None,
         depthwise_conv_flops=flops.by_op_type.get("DepthwiseConv2dNative", 0) if flops else 0,
-        recurrent_layers=tuple(layer.name for layer in layers if isinstance(layer, keras.layers.RNN)),
-        layer_norm_layers=tuple(layer.name for layer in layers if isinstance(layer, keras.layers.LayerNormalization)),
-        batch_norm_layers=tuple(layer.name for layer in layers if isinstance(layer, keras.layers.BatchNormalization)),
+        recurrent_layers=_names_of(layers, keras.layers.RNN),
+        layer_norm_layers=_names_of(layers, keras.layers.LayerNormalization),
+        batch_norm_layers=_names_of(layers, keras.layers.BatchNormalization),
         random_layers=tuple(layer.name for layer in layers if _draws_random_numbers(layer)),
         conv_flops=sum(count for op, count in flops.by_op_type.items() if op.startswith(("Conv", "DepthwiseConv")))
         if flops else 0,
