@@ -120,6 +120,10 @@ class StepFunctions:
         self.steps_per_epoch = steps_per_epoch
         self.own_train_step = own_train_step
         self.own_test_step = own_test_step
+        # Whether a step's logs are the compiled metrics' results (read once
+        # after an execution's loop) rather than values the step returns.
+        self._logs_from_metrics = not own_train_step and _compat.overridden_step(model, "compute_metrics") is None
+        self._first_logs = None
         self.steps_per_execution = steps_per_execution
         self.grad_accum_steps = grad_accum_steps
         self.jit_compile = jit_compile
@@ -247,13 +251,19 @@ class StepFunctions:
         """A compiled execution of `len(apply_after)` micro-steps, with an
         optimizer update after each micro-step marked True.
 
-        The micro-steps are one block (up to an update) repeated: all but the
-        last block run in a `tf.while_loop` of fixed length, the last one
-        after it, so the graph holds two blocks whatever the execution's
-        length (an unrolled execution of 29 steps took 30 s to compile).
+        The micro-steps are one block (up to an update) repeated in a
+        `tf.while_loop` of fixed length, so the graph holds one block
+        whatever the execution's length: an unrolled execution of 29 steps
+        took 30 s to compile, and a second copy of the block outside the
+        loop doubled the compilation of a large model (MobileNetV3-Small).
         A fixed-length loop around `strategy.run` is tf.distribute's own
         custom-training-loop pattern; Keras's failure is the loop over
         optionals, and a conditional update, which neither needs here.
+
+        The logs come from the metrics after the loop (summed over
+        replicas, as `evaluate` reads them). A step whose logs are its own
+        (its own `train_step` or `compute_metrics`) carries them through the
+        loop instead, shaped like those of the first, single-step execution.
         """
         import tensorflow as tf
 
@@ -271,18 +281,30 @@ class StepFunctions:
                         strategy.run(self._replica_apply)
             return after  # the last micro-step's logs
 
-        def run(iterator):
-            done = None
-            if repeats > 1:
-                def body(i, previous):
-                    logs = run_block(iterator, previous)
-                    # The next block's input timing starts when this block's results exist.
-                    with tf.control_dependencies(self._tensors(logs)):
-                        return i + 1, tf.identity(previous)
+        def metrics_after(results):
+            with tf.control_dependencies(self._tensors(results)):
+                return self.model.get_metrics_result()
 
-                _, done = tf.while_loop(lambda i, _: i < repeats - 1, body, (tf.constant(0), tf.constant(0.0)),
-                                        parallel_iterations=1)
-            return _reduce_logs(strategy, run_block(iterator, done))
+        def run(iterator):
+            if repeats == 1:
+                logs = run_block(iterator, None)
+                return metrics_after(logs) if self._logs_from_metrics else _reduce_logs(strategy, logs)
+            carried = {} if self._logs_from_metrics else self._first_logs
+
+            def body(i, previous, logs):
+                block_logs = run_block(iterator, previous)
+                # The next block's input timing starts when this block's results exist.
+                with tf.control_dependencies(self._tensors(block_logs)):
+                    previous = tf.identity(previous)
+                if not self._logs_from_metrics:
+                    logs = _reduce_logs(strategy, block_logs)
+                return i + 1, previous, logs
+
+            initial = (tf.constant(0), tf.constant(0.0), dict(carried))
+            invariants = (tf.TensorShape([]), tf.TensorShape([]), {name: tf.TensorShape(None) for name in carried})
+            _, done, logs = tf.while_loop(lambda i, *_: i < repeats, body, initial, shape_invariants=invariants,
+                                          parallel_iterations=1)
+            return metrics_after(done) if self._logs_from_metrics else logs
 
         return tf.function(run, reduce_retracing=True)
 
@@ -311,6 +333,8 @@ class StepFunctions:
             if pattern not in executions:
                 executions[pattern] = self._execution(pattern)
             logs = executions[pattern](iterator)
+            if self._first_logs is None:
+                self._first_logs = logs
             self.micro_steps = start + count
             return logs
 
@@ -318,9 +342,10 @@ class StepFunctions:
             count = self.steps_per_execution
             if self.steps_per_epoch:
                 count = min(count, self.steps_per_epoch - self.micro_steps % self.steps_per_epoch)
-            if self.own_train_step and not executions and count > 1:
+            if not self._logs_from_metrics and not executions and count > 1:
                 # Lazily built optimizers create their variables in this
-                # first, loop-free execution.
+                # first, loop-free execution, whose logs give the shape of
+                # those the later executions carry through their loop.
                 run(iterator, 1)
                 count -= 1
             if self.steps_per_epoch:
