@@ -406,3 +406,18 @@ def test_logs_a_step_returns_itself_come_from_the_last_step_of_each_execution(mo
     assert sorted(ours) == sorted(keras_history)
     for key, values in keras_history.items():
         np.testing.assert_allclose(ours[key], values, atol=1e-4, err_msg=key)
+
+
+def test_named_inputs_of_different_lengths_are_named_in_the_error():
+    """Keras refuses inputs whose sample counts disagree; so does kerasfast, naming each array,
+    also when the disagreement is between two inputs of x (not only between x and y)."""
+    keras.utils.set_random_seed(4)
+    a, b = keras.Input((6,), name="a"), keras.Input((2,), name="b")
+    model = keras.Model({"a": a, "b": b},
+                        keras.layers.Dense(3, activation="softmax")(keras.layers.Concatenate()([a, b])))
+    model.compile("sgd", "sparse_categorical_crossentropy")
+    x = {"a": X, "b": X[:150, :2]}
+    with pytest.raises(ValueError):
+        model.fit(x, Y[:150], verbose=0)
+    with pytest.raises(kerasfast.DataError, match=r"x\['a'\] has 200 rows, x\['b'\] has 150 rows, y has 150 rows"):
+        kerasfast.fit(model, x, Y[:150], run_dir=False, verbose=0)

@@ -199,12 +199,14 @@ def _from_arrays(x, y, sample_weight, class_weight, batch_size: int, shuffle, se
             and not keras.tree.is_nested(sample_weight):
         # Keras's rule: one per-sample weight array applies to every output.
         sample_weight = keras.tree.map_structure(lambda _: sample_weight, y)
-    lengths = {}
+    lengths = {}  # every array's rows, by where it sits ("x['image']")
     for name, part in (("x", x), ("y", y), ("sample_weight", sample_weight)):
-        for leaf in keras.tree.flatten(part) if part is not None else []:
-            if num_rows(leaf) is None:
-                raise DataError(f"{what}: {name} is a scalar; it must have one row per sample.")
-            lengths[name] = num_rows(leaf)
+        for path, leaf in keras.tree.flatten_with_path(part) if part is not None else []:
+            where = name + "".join(f"[{key!r}]" for key in path)
+            rows = num_rows(leaf)
+            if rows is None:
+                raise DataError(f"{what}: {where} is a scalar; it must have one row per sample.")
+            lengths[where] = rows
     if not lengths:
         raise DataError(f"{what}: x is empty; pass at least one array.")
     if len(set(lengths.values())) > 1:
