@@ -333,7 +333,7 @@ class StepFunctions:
             if pattern not in executions:
                 executions[pattern] = self._execution(pattern)
             logs = executions[pattern](iterator)
-            if self._first_logs is None:
+            if self._first_logs is None and not self._logs_from_metrics:
                 self._first_logs = logs
             self.micro_steps = start + count
             return logs
