@@ -353,8 +353,8 @@ def test_a_longer_execution_compiles_the_train_step_once(steps):
     assert traces[steps] == traces[1], traces
 
 
-class LogsItsOwnValues(keras.Model):
-    """A train_step that returns a raw value, not a metric: the number of updates."""
+class SoftmaxModel(keras.Model):
+    """Dense(3, softmax) as a subclassed model, for the two below."""
 
     def __init__(self):
         super().__init__()
@@ -362,21 +362,18 @@ class LogsItsOwnValues(keras.Model):
 
     def call(self, x):
         return self.dense(x)
+
+
+class LogsItsOwnValues(SoftmaxModel):
+    """A train_step that returns a raw value, not a metric: the number of updates."""
 
     def train_step(self, data):
         logs = super().train_step(data)
         return {**logs, "updates": keras.ops.cast(self.optimizer.iterations, "float32")}
 
 
-class ComputesItsOwnMetrics(keras.Model):
+class ComputesItsOwnMetrics(SoftmaxModel):
     """A model whose compute_metrics adds a value of its own to Keras's."""
-
-    def __init__(self):
-        super().__init__()
-        self.dense = keras.layers.Dense(3, activation="softmax")
-
-    def call(self, x):
-        return self.dense(x)
 
     def compute_metrics(self, x, y, y_pred, sample_weight=None):
         logs = super().compute_metrics(x, y, y_pred, sample_weight)
