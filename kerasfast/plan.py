@@ -997,7 +997,9 @@ def candidate_plans(plan: Plan, hardware: Hardware, model: ModelFacts, run: RunF
     counts = [plan.steps_per_execution]
     if "steps_per_execution" not in user_set:
         more = (1, 4, 16, 64) if mode == "full" else (1, max(8, plan.steps_per_execution))
-        counts += [count for count in more if count not in counts]
+        # An execution never runs past its epoch's end, so a longer one is the epoch's length.
+        more = [min(count, plan.steps_per_epoch or count) for count in more]
+        counts += [count for count in dict.fromkeys(more) if count not in counts]
     candidates = []
     for precision in precisions:
         for jit in jits:

@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 import kerasfast
+from tests.helpers import CountsTrainingTraces
 
 # Same batches in the same order, same float32 math through another step
 # function: the weights agree to float32 rounding accumulated over the updates.
@@ -320,21 +321,6 @@ def test_arguments_keras_takes_loosely_work_and_string_labels_are_refused_clearl
         kerasfast.fit(_model(), X, np.array(["a", "b", "c"])[Y], run_dir=False, verbose=0)
 
 
-class _CountsTrainingTraces(keras.layers.Layer):
-    """Dense(3), counting how often its call is traced in training mode."""
-
-    traces = 0
-
-    def build(self, input_shape):
-        self.dense = keras.layers.Dense(3, activation="softmax")
-        self.dense.build(input_shape)
-
-    def call(self, x, training=None):
-        if training:
-            type(self).traces += 1
-        return self.dense(x)
-
-
 @pytest.mark.parametrize("steps", [4, 12])
 def test_a_longer_execution_compiles_the_train_step_once(steps):
     """An execution of several steps compiles one copy of the step, in its loop,
@@ -343,12 +329,12 @@ def test_a_longer_execution_compiles_the_train_step_once(steps):
     traces = {}
     for count in (1, steps):
         keras.utils.set_random_seed(4)
-        model = keras.Sequential([keras.Input((6,)), _CountsTrainingTraces()])
+        model = keras.Sequential([keras.Input((6,)), CountsTrainingTraces()])
         model.compile(keras.optimizers.SGD(0.2), "sparse_categorical_crossentropy", metrics=["accuracy"])
-        _CountsTrainingTraces.traces = 0
+        CountsTrainingTraces.traces = 0
         kerasfast.fit(model, X[:192], Y[:192], batch_size=16, epochs=2, steps_per_execution=count, precision="float32",
                       jit_compile=False, tune="off", run_dir=False, verbose=0)
-        traces[count] = _CountsTrainingTraces.traces
+        traces[count] = CountsTrainingTraces.traces
     assert traces[1] >= 1
     assert traces[steps] == traces[1], traces
 

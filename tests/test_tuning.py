@@ -11,6 +11,8 @@ import tensorflow as tf
 import kerasfast
 from kerasfast.plan import Plan
 from kerasfast.training import tuning
+from kerasfast.training.session import borrowed
+from tests.helpers import CountsTrainingTraces
 
 
 @pytest.fixture(autouse=True)
@@ -46,6 +48,34 @@ def test_tuning_never_changes_what_training_computes():
     for a, b in zip(tuned.model.get_weights(), plain.model.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
     assert tuned.history.history == plain.history.history
+
+
+def _fit_counting_training_traces(**options):
+    """`(result, traces)`: the fit's result and how often its training (after
+    the plan, tuning included) traced the model's training graph."""
+    x, y = _data()
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(64, activation="relu"),
+                              CountsTrainingTraces(2, activation=None)])
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), optimizer="adam")
+    CountsTrainingTraces.traces = 0
+    at_start = {}
+    begun = keras.callbacks.LambdaCallback(
+        on_train_begin=lambda logs: at_start.setdefault("traces", CountsTrainingTraces.traces))
+    result = kerasfast.fit(model, x, y, callbacks=[begun], **options, **FIT)
+    return result, CountsTrainingTraces.traces - at_start["traces"]
+
+
+def test_training_goes_on_with_the_steps_tuning_compiled():
+    """The chosen plan's steps, compiled while tuning measured them, are the
+    ones that train: training traces the model once less than the same
+    plan does untuned (a trace is a compilation, seconds on a large model)."""
+    tuned, traced_after_tuning = _fit_counting_training_traces(tune="auto", tune_budget_s=60)
+    assert len(tuned.plan.tuning) > 1
+    chosen = {name: getattr(tuned.plan, name) for name in tuning.TUNED_FIELDS}
+    _, traced_alone = _fit_counting_training_traces(tune="off", **chosen)
+    assert traced_alone >= 1
+    assert traced_after_tuning == traced_alone - 1, (traced_after_tuning, traced_alone, chosen)
 
 
 def test_the_choice_is_cached_and_a_changed_model_or_batch_tunes_again(private_cache, capsys):
@@ -113,8 +143,9 @@ def test_a_rigged_candidate_is_not_chosen(how, verdict):
     candidates = _candidates(model, x, y)
     batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(32).take(16).cache()
     before = [w.copy() for w in model.get_weights()]
-    chosen, table = tuning.tune_plan(model, candidates, tf.distribute.get_strategy(), batches,
-                                     samples_per_step=32, budget_s=60)
+    with borrowed(model, candidates[0]):
+        chosen, table, _ = tuning.tune_plan(model, candidates, tf.distribute.get_strategy(), batches,
+                                            samples_per_step=32, budget_s=60)
     assert chosen.precision == "float32" and table[0].verdict == "chosen"
     assert table[1].verdict == verdict
     for a, b in zip(before, model.get_weights(), strict=True):

@@ -40,6 +40,16 @@ def chief_value(distribution, value: float) -> float:
     return float(total[0]) / _local_replicas(distribution)
 
 
+def on_every_worker(distribution, flag: bool) -> bool:
+    """Whether `flag` holds on every worker (a collective: call it on all)."""
+    import tensorflow as tf
+
+    if distribution.name != "multi_worker":
+        return flag
+    total = _all_reduce(distribution, [float(flag)], tf.distribute.ReduceOp.SUM)
+    return float(total[0]) / _local_replicas(distribution) > distribution.cluster.num_workers - 0.5
+
+
 def plan_fingerprint(plan) -> float:
     """A number that differs when two plans' values differ (reasons ignored)."""
     fields = {name: field["value"] for name, field in plan.to_dict()["fields"].items()

@@ -173,6 +173,7 @@ def find_batch_size(model, plan, strategy, make_batches, *, num_samples: int | N
     import tensorflow as tf
 
     from kerasfast.training import tuning
+    from kerasfast.training.session import borrowed
 
     if memory_limit_bytes is None and accelerator == "cpu":
         memory_limit_bytes = cpu_memory_bound()
@@ -198,10 +199,10 @@ def find_batch_size(model, plan, strategy, make_batches, *, num_samples: int | N
         candidate = dataclasses.replace(plan, global_batch_size=batch, per_replica_batch_size=batch // plan.num_replicas,
                                         steps_per_execution=max(1, plan.steps_per_execution * trials[0].batch_size // batch))
         try:
-            with tuning.state_restored(model):
-                trial.samples_per_second, _ = tuning._measure(
+            with borrowed(model, candidate), tuning.state_restored(model):
+                trial.samples_per_second = tuning._measure(
                     model, candidate, strategy, make_batches(batch), batch, functions, index,
-                    fixed_executions=tuning.FIXED_EXECUTIONS if agree is not None else None)
+                    fixed_executions=tuning.FIXED_EXECUTIONS if agree is not None else None).samples_per_second
         except tf.errors.ResourceExhaustedError:
             trial.verdict = "out of memory"
         failed = decided(trial.verdict == "out of memory")

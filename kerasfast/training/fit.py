@@ -11,8 +11,9 @@ own trainer:
 4. `_plan_run`: the plan, resolved once from facts about model and data;
 5. `_compile_for_run`: the user's compile settings, kept (compiled only
    when the model is not, or when fit is given loss / optimizer / metrics);
-6. `_train`: kerasfast's steps installed on the borrowed model
-   (`session.borrowed`) and Keras's own loop run over them;
+6. `_tuned` and `_train`, in one `session.borrowed` block: candidate
+   plans timed, then kerasfast's steps (those tuning compiled for the
+   chosen plan) installed and Keras's own loop run over them;
 7. `_finish`: pruning folded in, weights carried back, the run folder.
 """
 
@@ -33,7 +34,7 @@ from kerasfast import _compat, costs, threads
 from kerasfast.data import service
 from kerasfast._checks import is_int, is_number
 from kerasfast.distribute import resolve_strategy
-from kerasfast.distribute.consensus import check_same_plan, chief_value
+from kerasfast.distribute.consensus import check_same_plan, chief_value, on_every_worker
 from kerasfast.distribute.failures import lost_peer_errors
 from kerasfast.errors import DataError, PlanError, RunFolderError
 from kerasfast.hardware import detect_hardware
@@ -48,7 +49,7 @@ from kerasfast.training.inputs import check_inputs_match, prepare_data, sharded_
 from kerasfast.training.loop import run_epochs, stream_factory
 from kerasfast.training.lr_finder import find_learning_rate, plot_finding
 from kerasfast.training.models import PreparedModel, copy_optimizer_state, copy_weights, prepare_model
-from kerasfast.training.session import borrowed
+from kerasfast.training.session import borrowed, in_precision
 from kerasfast.training.step_functions import StepFunctions
 from kerasfast.training.throughput import Throughput, ThroughputMeter, input_advice, samples_counter
 from kerasfast.training.xla import xla_problem
@@ -352,15 +353,16 @@ def _check_resumable(plan: Plan, start: _Start) -> None:
 
 
 def _tuned(plan: Plan, model, train_data, start: _Start, model_facts, run_facts, overrides: Overrides, *, mode,
-           budget_s) -> Plan:
+           budget_s) -> tuple[Plan, StepFunctions | None]:
     """The fastest candidate plan, measured on the model (or cached); the
-    plan as it is when tuning is not worth its time."""
+    plan as it is when tuning is not worth its time. With it, the steps
+    tuning compiled for the chosen plan (None when nothing was measured)."""
     from kerasfast.training import tuning
 
     distribution = start.distribution
     user_set = tuple(set(overrides.user_set()) | set(plan.overridden))
     if all(field in user_set for field in tuning.TUNED_FIELDS):
-        return plan
+        return plan, None
     key = tuning.cache_key(model, train_data.sample_inputs, plan, start.hardware)
     cached = tuning.cached_choice(key) if distribution.is_chief else None
     if distribution.name == "multi_worker":
@@ -370,30 +372,56 @@ def _tuned(plan: Plan, model, train_data, start: _Start, model_facts, run_facts,
         fields = [name for name in tuning.TUNED_FIELDS if name not in user_set]
         return dataclasses.replace(plan, **{name: choices[name] for name in fields},
                                    reasons={**plan.reasons, **{name: f"tuned earlier: cached in {path}"
-                                                               for name in fields}})
+                                                               for name in fields}}), None
     budget = tuning.budget_seconds(mode, _estimated_run_seconds(plan, model_facts, run_facts), budget_s)
     if budget is None:
-        return plan
+        return plan, None
     candidates = candidate_plans(plan, start.hardware, model_facts, run_facts, mode=mode, user_set=user_set)
     if len(candidates) == 1:
-        return plan
+        return plan, None
     strategy = distribution.strategy or tf.distribute.get_strategy()
     with strategy.scope():
         _build_state(model, plan, train_data.sample_batch)  # so that tuning restores the optimizer's state too
     batches = train_data.dataset.take(2 * max(c.steps_per_execution for c in candidates)).cache()
     agree = (lambda flag: chief_value(distribution, float(flag)) > 0.5) if distribution.name == "multi_worker" else None
-    chosen, table = tuning.tune_plan(model, candidates, strategy, batches, samples_per_step=plan.global_batch_size,
-                                     budget_s=budget, agree=agree)
+    tuned = tuning.tune_plan(model, candidates, strategy, batches, samples_per_step=plan.global_batch_size,
+                             budget_s=budget, agree=agree)
+    table = tuned.table
     # Timings differ between workers: the chief's choice is everyone's.
-    chosen = candidates[int(round(chief_value(distribution, float(candidates.index(chosen)))))]
+    index = int(round(chief_value(distribution, float(candidates.index(tuned.plan)))))
+    chosen = candidates[index]
+    measured = tuned.compiled.get(index)
+    if distribution.name == "multi_worker" and not on_every_worker(distribution, measured is not None):
+        measured = None  # workers must compile alike, or their collectives would not pair up
     if distribution.is_chief:
-        tuning.store_choice(key, table[candidates.index(chosen)], table)
-    best = table[candidates.index(chosen)]
-    reason = (f"tuned: {best.samples_per_second:,.0f} samples/s, fastest of {len(candidates)} candidates measured "
-              "on your model")
+        tuning.store_choice(key, table[index], table)
+    reason = (f"tuned: {table[index].samples_per_second:,.0f} samples/s, fastest of {len(candidates)} candidates "
+              "measured on your model")
     fields = [name for name in tuning.TUNED_FIELDS if name not in user_set]
     return dataclasses.replace(chosen, reasons={**chosen.reasons, **{name: reason for name in fields}},
-                               tuning=tuple(dataclasses.asdict(row) for row in table))
+                               tuning=tuple(dataclasses.asdict(row) for row in table)), measured
+
+
+def _tuned_and_shown(plan: Plan, prepared, train_data, start: _Start, model_facts, run_facts, overrides: Overrides, *,
+                     tune, tune_budget_s, data_service, verbose) -> tuple[Plan, StepFunctions | None]:
+    """The plan as it trains (tuned, with its notes), printed; and the steps
+    tuning compiled for it, if any. Runs inside the run's `borrowed` block."""
+    measured = None
+    train_model = prepared.train_model
+    if tune != "off" and plan.train_step == "kerasfast" and start.progress is None:
+        plan, measured = _tuned(plan, train_model, train_data, start, model_facts, run_facts, overrides, mode=tune,
+                                budget_s=tune_budget_s)
+    if data_service is not None:
+        train_data.description += f"; {service.describe(data_service)}"
+    if plan.num_replicas > 1:
+        from kerasfast.distribute import scaling
+
+        plan = scaling.with_plan_note(plan, train_model, forward_flops_per_sample=model_facts.forward_flops_per_sample,
+                                      peak_flops=run_facts.peak_flops, accelerator=start.hardware.accelerator)
+    if verbose != 0 and start.distribution.is_chief:
+        print(plan)
+        print(f"  data: {train_data.description}; model: {prepared.how}")
+    return plan, measured
 
 
 def _chiefs_choice(distribution, cached):
@@ -582,16 +610,17 @@ def _build_state(model, plan: Plan, sample_batch) -> None:
 
 
 def _train(model, plan: Plan, start: _Start, train_data, stream_from, *, epochs, initial_epoch, callbacks, verbose,
-           validation, meter_factory, divergence: dict):
-    """Runs the planned epochs on the borrowed model; everything kerasfast
-    changes on it for the run is undone when this returns or raises."""
+           validation, meter_factory, divergence: dict, rate_control, measured=None):
+    """Runs the planned epochs on the model, inside the run's `borrowed`
+    block (whose `rate_control` lowers the rate after a divergence), with
+    the steps tuning `measured` for the plan when there are some."""
     distribution, progress, backup = start.distribution, start.progress, start.backup
     tf_strategy = distribution.strategy
 
     def scope():
         return tf_strategy.scope() if tf_strategy is not None else contextlib.nullcontext()
 
-    with borrowed(model, plan) as rate_control:
+    with in_precision(model, plan):
         metric_values = None
         steps = None
         with scope():
@@ -601,7 +630,7 @@ def _train(model, plan: Plan, start: _Start, train_data, stream_from, *, epochs,
                 if verbose != 0 and distribution.is_chief:
                     print(f"kerasfast: resuming from {backup.path} at epoch {progress.epoch + 1}, step {progress.step}")
             if plan.train_step != "keras":
-                scaler = optimizers.loss_scaling(model.optimizer, plan)
+                scaler = optimizers.loss_scaling(model.optimizer, plan) if measured is None else None
                 if scaler is not None:
                     scaler.build(model.trainable_variables)
                 _compat.detach_from_creation_strategy(model)
@@ -609,7 +638,7 @@ def _train(model, plan: Plan, start: _Start, train_data, stream_from, *, epochs,
                 done = progress.batches_done(plan.steps_per_epoch) if progress and plan.steps_per_epoch else 0
                 steps = StepFunctions.prepare(
                     model, tf_strategy or tf.distribute.get_strategy(), plan, done, optimizer=scaler,
-                    own_test_step=_compat.overridden_step(model, "test_step") is not None)
+                    own_test_step=_compat.overridden_step(model, "test_step") is not None, measured=measured)
         meter = meter_factory(progress, steps.input_wait_seconds if steps is not None else None)
         guard = DivergenceGuard(**divergence, snapshot_every_steps=start.backup_every,
                                 grad_accum_steps=plan.grad_accum_steps, learning_rate=rate_control,
@@ -837,41 +866,36 @@ def fit(
                                                              train_data, **run)
     if fine_tune is not None:
         plan = fine_tune.described(plan)
-    if tune != "off" and plan.train_step == "kerasfast" and start.progress is None:
-        plan = _tuned(plan, train_model, train_data, start, model_facts, run_facts, overrides, mode=tune,
-                      budget_s=tune_budget_s)
-    if data_service is not None:
-        train_data.description += f"; {service.describe(data_service)}"
-    if plan.num_replicas > 1:
-        from kerasfast.distribute import scaling
-
-        plan = scaling.with_plan_note(plan, train_model, forward_flops_per_sample=model_facts.forward_flops_per_sample,
-                                      peak_flops=run_facts.peak_flops, accelerator=start.hardware.accelerator)
-    if verbose != 0 and start.distribution.is_chief:
-        print(plan)
-        print(f"  data: {train_data.description}; model: {prepared.how}")
-
-    # Training.
+    # Tuning and training, in one borrowed block: training goes on with the
+    # steps tuning compiled, which read the block's learning rate.
     with contextlib.ExitStack() as cleanup:
-        folder = _run_folder(run_dir, start.distribution, cleanup)
-        _write_plan_files(folder, plan, start, finding)
-        pruned_layers = _pruned_for_run(train_model, plan, prune, tf_strategy) if plan.prune is not None else None
-        stream_from = _training_stream(feed, train_data, plan, start)
+        with borrowed(train_model, plan) as rate_control:
+            plan, measured = _tuned_and_shown(plan, prepared, train_data, start, model_facts, run_facts, overrides,
+                                              tune=tune, tune_budget_s=tune_budget_s, data_service=data_service,
+                                              verbose=verbose)
+            folder = _run_folder(run_dir, start.distribution, cleanup)
+            _write_plan_files(folder, plan, start, finding)
+            pruned_layers = None
+            if plan.prune is not None:
+                pruned_layers = _pruned_for_run(train_model, plan, prune, tf_strategy)
+                measured = None  # compiled for the layers pruning has now wrapped
+            stream_from = _training_stream(feed, train_data, plan, start)
 
-        def meter_factory(progress, input_wait):
-            return ThroughputMeter(samples_counter(plan.global_batch_size, train_data.facts.num_samples),
-                                   plan.steps_per_epoch, first_step=progress.step if progress else 0,
-                                   input_wait_seconds=input_wait)
+            def meter_factory(progress, input_wait):
+                return ThroughputMeter(samples_counter(plan.global_batch_size, train_data.facts.num_samples),
+                                       plan.steps_per_epoch, first_step=progress.step if progress else 0,
+                                       input_wait_seconds=input_wait)
 
-        if tensorboard and folder is not None and start.distribution.is_chief:
-            from kerasfast.training.tensorboard import tensorboard_callback
+            if tensorboard and folder is not None and start.distribution.is_chief:
+                from kerasfast.training.tensorboard import tensorboard_callback
 
-            callbacks = callbacks + [tensorboard_callback(folder, plan)]
-        with _damage_named(feed.x, feed.validation_data):
-            history, meter, guard = _train(
-                train_model, plan, start, train_data, stream_from, epochs=epochs, initial_epoch=initial_epoch,
-                callbacks=callbacks, verbose=verbose, validation=validation, meter_factory=meter_factory,
-                divergence=dict(on_nan=on_nan, max_recoveries=max_recoveries, loss_upper_bound=loss_upper_bound))
+                callbacks = callbacks + [tensorboard_callback(folder, plan)]
+            with _damage_named(feed.x, feed.validation_data):
+                history, meter, guard = _train(
+                    train_model, plan, start, train_data, stream_from, epochs=epochs, initial_epoch=initial_epoch,
+                    callbacks=callbacks, verbose=verbose, validation=validation, meter_factory=meter_factory,
+                    divergence=dict(on_nan=on_nan, max_recoveries=max_recoveries, loss_upper_bound=loss_upper_bound),
+                    rate_control=rate_control, measured=measured)
         return _finish(prepared, plan, start, train_data, history, meter, folder, pruned_layers,
                        save_model_file=save_model_file, verbose=verbose, recoveries=guard.recoveries)
 

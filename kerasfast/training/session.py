@@ -3,12 +3,13 @@
 During a run kerasfast installs its own train / test functions on the
 model, sets the plan's steps per execution, detaches the model from the
 strategy it was created under (Keras 3.15's symbolic build fails under
-MultiWorkerMirroredStrategy, keras issue 20585), switches layers to the
-plan's precision and may set a learning rate or clipping on the optimizer.
-`borrowed()` makes every such change inside one block and undoes it when the
-block ends, successfully or not, so that afterwards `compile`, `fit`,
-`evaluate` and `predict` behave exactly as if kerasfast had never run. What
-training changes on purpose stays: the weights and the optimizer's state.
+MultiWorkerMirroredStrategy, keras issue 20585), may set a learning rate or
+clipping on the optimizer (`borrowed()`) and switches layers to the plan's
+precision (`in_precision()`). Each makes its changes inside one block and
+undoes them when the block ends, successfully or not, so that afterwards
+`compile`, `fit`, `evaluate` and `predict` behave exactly as if kerasfast
+had never run. What training changes on purpose stays: the weights and the
+optimizer's state.
 
 One exception: a model created under MultiWorkerMirroredStrategy stays
 detached from it, because with the strategy attached Keras 3.15's own
@@ -117,27 +118,39 @@ def optimizer_settings(optimizer, *, learning_rate=None, clipnorm=None):
 
 @contextlib.contextmanager
 def borrowed(model, plan):
-    """Everything kerasfast changes on `model` to train it under `plan`,
-    undone when the block ends: installed functions, the plan's precision
-    and remat, learning rate and clipping, graph optimisations.
+    """Everything kerasfast changes on `model` for one run under `plan`,
+    undone when the block ends: installed functions, steps per execution,
+    the creation strategy, the learning rate and clipping.
+
+    The plan's precision is set by `in_precision`, inside the block: tuning
+    measures several precisions in one run, and a function it compiled is
+    trained with afterwards only if it read the same learning rate (the
+    same schedule object) as training does, so both happen in one block.
 
     Yields:
         The run's `LearningRateControl` (None without an optimizer).
     """
-    from kerasfast.plan import keras_policy
     from kerasfast.training import optimizers
-    from kerasfast.training.models import computing_in
-    from kerasfast.training.precision import graph_precision
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(model_attributes_restored(model))
-        stack.enter_context(computing_in(model, keras_policy(plan.precision), plan.remat))
         planned_rate = None
         if model.optimizer is not None:
             # A schedule spans this run: counted from the updates the optimizer made before it.
             done = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
             planned_rate = optimizers.planned_learning_rate(plan, start_step=done, optimizer=model.optimizer)
-        rate_control = stack.enter_context(optimizer_settings(
-            model.optimizer, learning_rate=planned_rate, clipnorm=plan.clipnorm))
-        stack.enter_context(graph_precision(plan.precision))
-        yield rate_control
+        yield stack.enter_context(optimizer_settings(model.optimizer, learning_rate=planned_rate,
+                                                     clipnorm=plan.clipnorm))
+
+
+@contextlib.contextmanager
+def in_precision(model, plan):
+    """Runs `model` in the plan's precision and remat inside the block (the
+    layers' policies, and the graph rewrite of "onednn_bfloat16"), and puts
+    the model's own back afterwards. Functions must first run inside it."""
+    from kerasfast.plan import keras_policy
+    from kerasfast.training.models import computing_in
+    from kerasfast.training.precision import graph_precision
+
+    with computing_in(model, keras_policy(plan.precision), plan.remat), graph_precision(plan.precision):
+        yield

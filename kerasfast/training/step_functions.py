@@ -129,6 +129,7 @@ class StepFunctions:
         self.jit_compile = jit_compile
         self._accumulators = None
         self._compute_fn = None
+        self._executions = {}  # update pattern -> its compiled execution
         self._input_wait = None
         self._batches_taken = None  # batches the train steps have read, ever
         # Micro-steps run so far (resumed runs start from their checkpoint).
@@ -316,16 +317,18 @@ class StepFunctions:
         micro-steps ran before it; the few distinct patterns (at most
         `grad_accum_steps`) are each traced once, so the decision to update
         is made in Python, never by a conditional around a collective.
+        Every call returns a function sharing the same compiled executions.
         """
         import tensorflow as tf
 
-        self._compute_fn = self._compute()
+        if self._compute_fn is None:
+            self._compute_fn = self._compute()
         if self.grad_accum_steps > 1 and self._accumulators is None:
             self._create_accumulators()
         if self._input_wait is None:
             self._input_wait = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="input_wait_seconds")
             self._batches_taken = tf.Variable(0, dtype=tf.int64, trainable=False, name="batches_taken")
-        executions = {}
+        executions = self._executions
 
         def run(iterator, count: int):
             start = self.micro_steps
@@ -444,7 +447,7 @@ class StepFunctions:
 
     @classmethod
     def prepare(cls, model, strategy, plan, micro_steps_done: int = 0, *, optimizer=None,
-                own_test_step: bool = False) -> "StepFunctions":
+                own_test_step: bool = False, measured: "StepFunctions | None" = None) -> "StepFunctions":
         """Installs the steps on a compiled model whose state was built under
         `strategy` (`_compat.build_state`).
 
@@ -453,13 +456,30 @@ class StepFunctions:
             optimizer: The optimizer to apply gradients with (default the
                 model's).
             own_test_step: Run the model's overridden `test_step`.
+            measured: The steps tuning measured `plan` with, on this model
+                in this run (`tuning.tune_plan`): they train from here, and
+                their compiled executions are not compiled a second time.
         """
-        steps = cls(model, strategy, steps_per_execution=plan.steps_per_execution,
-                    grad_accum_steps=plan.grad_accum_steps, jit_compile=plan.jit_compile,
-                    micro_steps_done=micro_steps_done, steps_per_epoch=plan.steps_per_epoch, optimizer=optimizer,
-                    own_train_step=plan.train_step == "yours", own_test_step=own_test_step)
+        if measured is not None:
+            steps = measured
+            steps.restart(plan.steps_per_epoch, own_test_step=own_test_step)
+        else:
+            steps = cls(model, strategy, steps_per_execution=plan.steps_per_execution,
+                        grad_accum_steps=plan.grad_accum_steps, jit_compile=plan.jit_compile,
+                        micro_steps_done=micro_steps_done, steps_per_epoch=plan.steps_per_epoch, optimizer=optimizer,
+                        own_train_step=plan.train_step == "yours", own_test_step=own_test_step)
         steps.install()
         return steps
+
+    def restart(self, steps_per_epoch: int | None, *, own_test_step: bool = False) -> None:
+        """Starts the counts again from a run's first step (after tuning ran
+        these steps and put the model's state back), keeping what was compiled."""
+        self.steps_per_epoch = steps_per_epoch
+        self.own_test_step = own_test_step
+        self.micro_steps = 0
+        for variable in (self._input_wait, self._batches_taken, *(self._accumulators or ())):
+            if variable is not None:
+                variable.assign(keras.ops.zeros_like(variable))
 
     def install(self) -> None:
         """Makes Keras's `fit` / `evaluate` use these steps."""

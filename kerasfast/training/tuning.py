@@ -24,6 +24,7 @@ import math
 import os
 import pathlib
 import time
+from typing import NamedTuple
 
 import keras
 import numpy as np
@@ -143,11 +144,15 @@ def _variables(model) -> list:
     return training_variables(model)
 
 
-@contextlib.contextmanager
 def state_restored(model):
     """Puts every variable training changes (weights, optimizer, metrics,
     seed generators) back as it was when the block began."""
-    variables = _variables(model)
+    return values_restored(_variables(model))
+
+
+@contextlib.contextmanager
+def values_restored(variables):
+    """Puts `variables` back as they were when the block began."""
     saved = [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
     try:
         yield
@@ -156,9 +161,31 @@ def state_restored(model):
             variable.assign(value)
 
 
+class Timing(NamedTuple):
+    """One measurement of a candidate (`_measure`)."""
+
+    samples_per_second: float
+    loss: float  # the first execution's mean loss (NaN when any loss was not finite)
+    compile_s: float  # the first execution's seconds, compilation included
+
+
+class Tuned(NamedTuple):
+    """What `tune_plan` found."""
+
+    plan: object  # the chosen plan
+    table: list  # one `Measurement` per candidate
+    compiled: dict  # candidate index -> its compiled `StepFunctions`, for the candidates that ran
+
+
 def tune_plan(model, candidates: list, strategy, batches, *, samples_per_step: int, budget_s: float,
-              reference_precision: str = "float32", agree=None) -> tuple[object, list[Measurement]]:
+              reference_precision: str = "float32", agree=None) -> Tuned:
     """Measures `candidates` (plans differing in TUNED_FIELDS) and picks the fastest.
+
+    Runs inside `session.borrowed(model, candidates[0])`, the block training
+    then runs in: the chosen plan's compiled steps read the run's learning
+    rate, so training goes on with them (`StepFunctions.prepare(measured=)`)
+    instead of compiling them again. That compilation is therefore not
+    counted against the budget.
 
     Args:
         model: The compiled, built model (its state is restored afterwards).
@@ -176,15 +203,17 @@ def tune_plan(model, candidates: list, strategy, batches, *, samples_per_step: i
             None on one process.
 
     Returns:
-        `(plan, table)`: the chosen plan and one `Measurement` per candidate.
+        A `Tuned`: the chosen plan, one `Measurement` per candidate, and
+        the compiled `StepFunctions` of those that ran.
     """
     table = [Measurement(p.precision, p.jit_compile, p.steps_per_execution) for p in candidates]
     functions = {}
     started = time.perf_counter()
     costs: list[float] = []  # seconds each measured candidate took in round one, compiling included
+    saved_s = 0.0  # the rules' plan's compilation, which training would pay anyway
 
     def out_of_budget(predicted_s: float) -> bool:
-        over = time.perf_counter() - started + predicted_s > budget_s
+        over = time.perf_counter() - started - saved_s + predicted_s > budget_s
         return agree(over) if agree is not None else over
 
     with state_restored(model):
@@ -205,18 +234,21 @@ def tune_plan(model, candidates: list, strategy, batches, *, samples_per_step: i
                 began = time.perf_counter()
                 with state_restored(model):
                     try:
-                        rate, loss = _measure(model, plan, strategy, batches, samples_per_step, functions, index,
-                                              fixed_executions=FIXED_EXECUTIONS if agree is not None else None)
+                        timing = _measure(model, plan, strategy, batches, samples_per_step, functions, index,
+                                          fixed_executions=FIXED_EXECUTIONS if agree is not None else None)
                     except Exception as error:  # a candidate that cannot run is rejected, not fatal
                         lines = [line.strip() for line in str(error).splitlines() if line.strip()]
                         row.verdict = f"rejected: {type(error).__name__}: {(lines or [''])[-1][:160]}"
+                        functions.pop(index, None)
                         continue
                     finally:
                         if not round_:
                             costs.append(time.perf_counter() - began)
-                row.rates.append(rate)
+                if not round_ and not index:
+                    saved_s = timing.compile_s
+                row.rates.append(timing.samples_per_second)
                 row.samples_per_second = float(np.mean(row.rates))
-                row.loss = loss if row.loss is None else row.loss
+                row.loss = timing.loss if row.loss is None else row.loss
     _judge(table, reference_precision)
     best = max((i for i, row in enumerate(table) if row.verdict == "ok"), key=lambda i: table[i].samples_per_second,
                default=0)
@@ -230,7 +262,7 @@ def tune_plan(model, candidates: list, strategy, batches, *, samples_per_step: i
                 f"faster by less than {WIN_MARGIN - 1:.0%}: the rules' plan is kept" if faster else "slower")
     if table[best].verdict != "chosen":
         table[best].verdict = "chosen (fallback: the rule-based plan)"
-    return candidates[best], table
+    return Tuned(candidates[best], table, functions)
 
 
 def _judge(table: list[Measurement], reference_precision: str) -> None:
@@ -253,40 +285,57 @@ def _judge(table: list[Measurement], reference_precision: str) -> None:
             row.verdict = "ok"
 
 
-def _measure(model, plan, strategy, batches, samples_per_step, functions, index, *,
-             fixed_executions: int | None = None) -> tuple[float, float]:
-    """Steady-state samples/s, and the first execution's loss (NaN when any
-    loss was not finite), of `plan`'s train function on `batches`.
+def _measure(model, plan, strategy, batches, samples_per_step, functions: dict, index, *,
+             fixed_executions: int | None = None) -> Timing:
+    """Steady-state samples/s, and the first execution's loss, of `plan`'s
+    train steps on `batches`; `functions[index]` keeps the steps compiled.
 
     Runs for `MEASURE_S`, or `fixed_executions` executions when every worker
-    must run the same number (each execution holds collectives).
+    must run the same number (each execution holds collectives). Call it
+    inside `session.borrowed` and `state_restored`; a loss-scaling
+    wrapper's own state is put back here.
     """
     from kerasfast.training.step_functions import StepFunctions
     from kerasfast.training import optimizers
-    from kerasfast.training.session import borrowed
+    from kerasfast.training.session import in_precision
 
-    with borrowed(model, plan), strategy.scope():
+    with in_precision(model, plan), strategy.scope():
         if index not in functions:
             scaler = optimizers.loss_scaling(model.optimizer, plan)
             if scaler is not None:
                 scaler.build(model.trainable_variables)
             _compat.detach_from_creation_strategy(model)
-            steps = StepFunctions(model, strategy, steps_per_execution=plan.steps_per_execution,
-                                     grad_accum_steps=plan.grad_accum_steps, jit_compile=plan.jit_compile,
-                                     optimizer=scaler)
-            functions[index] = steps.train_function()
-        train = functions[index]
-        iterator = iter(strategy.experimental_distribute_dataset(batches.repeat()))
-        first_loss = _loss(train(iterator))  # the first execution compiles (and is not timed)
-        executions, finite = 0, True
-        began = time.perf_counter()
-        while True:
-            finite = finite and math.isfinite(_loss(train(iterator)))
-            executions += 1
-            elapsed = time.perf_counter() - began
-            if (executions >= fixed_executions) if fixed_executions else (elapsed >= MEASURE_S and executions >= 2):
-                break
-    return executions * plan.steps_per_execution * samples_per_step / elapsed, first_loss if finite else math.nan
+            functions[index] = StepFunctions(model, strategy, steps_per_execution=plan.steps_per_execution,
+                                             grad_accum_steps=plan.grad_accum_steps, jit_compile=plan.jit_compile,
+                                             optimizer=scaler)
+        steps = functions[index]
+        with values_restored(_own_variables(steps.optimizer, model.optimizer)):
+            return _timed(steps, strategy, batches, samples_per_step * plan.steps_per_execution, fixed_executions)
+
+
+def _own_variables(optimizer, inner) -> list:
+    """The variables of a loss-scaling wrapper that are not its inner optimizer's."""
+    if optimizer is inner:
+        return []
+    inner_ids = {id(variable) for variable in inner.variables}
+    return [variable for variable in optimizer.variables if id(variable) not in inner_ids]
+
+
+def _timed(steps, strategy, batches, samples_per_execution: int, fixed_executions: int | None) -> Timing:
+    train = steps.train_function()
+    iterator = iter(strategy.experimental_distribute_dataset(batches.repeat()))
+    began = time.perf_counter()
+    first_loss = _loss(train(iterator))  # the first execution compiles (and is not timed)
+    compile_s = time.perf_counter() - began
+    executions, finite = 0, True
+    began = time.perf_counter()
+    while True:
+        finite = finite and math.isfinite(_loss(train(iterator)))
+        executions += 1
+        elapsed = time.perf_counter() - began
+        if (executions >= fixed_executions) if fixed_executions else (elapsed >= MEASURE_S and executions >= 2):
+            break
+    return Timing(executions * samples_per_execution / elapsed, first_loss if finite else math.nan, compile_s)
 
 
 def _loss(logs) -> float:
