@@ -12,8 +12,10 @@ epochs as the whole calls. The best of the grid and auto's own plan are
 then run again, alternately, `--confirm` times each, and "auto / oracle"
 compares their means: taking the single best of ten noisy runs would
 otherwise favour whichever candidate was lucky. Rates are steady-state
-samples/s after the first (compiling) execution. "tuning" is the tuned
-call's extra seconds over the rules' call, as a share of the plain run.
+samples/s after the first (compiling) execution. The rules' call and the
+tuned call are also made alternately `--confirm` times each (every tuned
+call with an empty cache, so each one tunes); "tuning" is the mean tuned
+call's extra seconds over the mean rules' call, as a share of the plain run.
 
     python benchmarks/tune.py [--quick] [--seconds 20] [--confirm 2] [--only NAME[,NAME]]
 """
@@ -143,15 +145,16 @@ def main(argv=None):
     import os
     import tempfile
 
-    # A fresh cache: every tuned run here measures.
-    os.environ["KERASFAST_CACHE_DIR"] = tempfile.mkdtemp(prefix="kerasfast-tune-bench-")
+    def fresh_cache():  # every tuned call here measures
+        os.environ["KERASFAST_CACHE_DIR"] = tempfile.mkdtemp(prefix="kerasfast-tune-bench-")
+
     hardware = kerasfast.detect_hardware()
     wanted = [text.strip().lower() for text in args.only.split(",")]
     print(f"Runs of ~{args.seconds:.0f} s of plain Keras; every grid candidate for the same epochs; the grid's best "
           f"and auto's plan re-run alternately {args.confirm} times each.\n")
-    print("| model | epochs | plain fit s | rules call s | auto call s | auto / plain (whole call) | plain samples/s "
-          "| auto call samples/s | auto / plain | oracle plan | oracle (mean) | auto's plan (mean) | auto / oracle "
-          "| tuning s (share) | auto's choice |")
+    print("| model | epochs | plain fit s | rules call s (mean) | auto call s (mean) | auto / plain (whole call) "
+          "| plain samples/s | auto call samples/s (mean) | auto / plain | oracle plan | oracle (mean) "
+          "| auto's plan (mean) | auto / oracle | tuning s (share) | auto's choice |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|")
     for name, build, x, y, batch_size, loss in models(args.quick):
         if not any(text in name.lower() for text in wanted):
@@ -159,17 +162,26 @@ def main(argv=None):
         short_rate, _ = plain(build, x, y, batch_size, loss, 2)
         epochs = max(3, round(args.seconds * short_rate / len(x)))
         plain_rate, plain_s = plain(build, x, y, batch_size, loss, epochs)
-        _, rules_s, rules = fast(build, x, y, batch_size, loss, epochs, tune="off")
         options = {} if args.budget is None else {"tune_budget_s": args.budget}
-        auto_rate, auto_s, auto = fast(build, x, y, batch_size, loss, epochs, tune="auto", **options)
+        rules_calls, auto_calls = [], []
+        for _ in range(max(1, args.confirm)):
+            rules_calls.append(fast(build, x, y, batch_size, loss, epochs, tune="off"))
+            fresh_cache()
+            auto_calls.append(fast(build, x, y, batch_size, loss, epochs, tune="auto", **options))
+        rules, auto = rules_calls[0][2], auto_calls[0][2]
+        rules_s = float(np.mean([seconds for _, seconds, _ in rules_calls]))
+        auto_s = float(np.mean([seconds for _, seconds, _ in auto_calls]))
+        auto_rate = float(np.mean([rate for rate, _, _ in auto_calls]))
         best, best_rate, auto_plan_rate = oracle(build, x, y, batch_size, loss, epochs, rules, auto, hardware,
                                                  args.confirm)
-        tuned = "" if auto.plan.tuning else " (not tuned)"
+        choices = " / ".join(dict.fromkeys(
+            describe(plan_options(result.plan)) + ("" if result.plan.tuning else " (not tuned)")
+            for _, _, result in auto_calls))
         print(f"| {name} | {epochs} | {plain_s:.1f} | {rules_s:.1f} | {auto_s:.1f} | {plain_s / auto_s:.2f}x | "
               f"{plain_rate:,.0f} | {auto_rate:,.0f} | {auto_rate / plain_rate:.2f}x | {describe(best)} | "
               f"{best_rate:,.0f} | {auto_plan_rate:,.0f} | {auto_plan_rate / best_rate:.2f}x "
               f"| {auto_s - rules_s:.1f} ({(auto_s - rules_s) / plain_s:.0%}) | "
-              f"{describe(plan_options(auto.plan))}{tuned} |", flush=True)
+              f"{choices} |", flush=True)
 
 
 if __name__ == "__main__":
