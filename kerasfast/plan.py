@@ -104,6 +104,8 @@ class Plan:
         tuning: The candidates `tune=` measured (dicts: precision,
             jit_compile, steps_per_execution, samples_per_second, loss,
             verdict), empty when nothing was measured.
+        tuning_seconds: What tuning cost: its time less the chosen plan's
+            compilation, which training reuses (None when nothing was measured).
         reasons: Field name -> why that value was chosen.
         overridden: Field names the user set explicitly.
     """
@@ -132,6 +134,7 @@ class Plan:
     prune: float | None = None
     train_step: str = "kerasfast"
     tuning: tuple = ()
+    tuning_seconds: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The plan as JSON-ready data: `{"fields": {name: {value, reason, source}}}`."""
@@ -145,6 +148,7 @@ class Plan:
                 for name in FIELD_ORDER
             },
             "tuning": list(self.tuning),
+            "tuning_seconds": self.tuning_seconds,
         }
 
     def values(self) -> dict[str, Any]:
@@ -172,7 +176,7 @@ class Plan:
         if self.tuning:
             from kerasfast.training.tuning import Measurement, format_table
 
-            lines += format_table([Measurement(**row) for row in self.tuning])
+            lines += format_table([Measurement(**row) for row in self.tuning], self.tuning_seconds)
         return "\n".join(lines)
 
 

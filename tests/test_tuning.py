@@ -83,7 +83,7 @@ def test_the_choice_is_cached_and_a_changed_model_or_batch_tunes_again(private_c
     first = kerasfast.fit(_mlp(), x, y, tune="auto", tune_budget_s=3, **FIT)
     assert first.plan.tuning and len(list(private_cache.glob("plans/*.json"))) == 1
     again = kerasfast.fit(_mlp(), x, y, tune="auto", tune_budget_s=3, **FIT)
-    assert again.plan.tuning == ()  # nothing measured this time
+    assert again.plan.tuning == () and again.plan.tuning_seconds is None  # nothing measured this time
     assert "tuned earlier: cached in" in again.plan.reasons["steps_per_execution"]
     assert {f: getattr(again.plan, f) for f in tuning.TUNED_FIELDS} == \
         {f: getattr(first.plan, f) for f in tuning.TUNED_FIELDS}
@@ -92,6 +92,16 @@ def test_the_choice_is_cached_and_a_changed_model_or_batch_tunes_again(private_c
     other_batch = kerasfast.fit(_mlp(), x, y, tune="auto", tune_budget_s=3, **{**FIT, "batch_size": 64})
     assert other_batch.plan.tuning
     assert len(list(private_cache.glob("plans/*.json"))) == 3
+
+
+def test_a_spent_budget_measures_only_the_rules_plan_and_the_plan_says_what_tuning_cost():
+    x, y = _data()
+    result = kerasfast.fit(_mlp(), x, y, tune="auto", tune_budget_s=0, **FIT)
+    first, *others = result.plan.tuning
+    assert first["verdict"].startswith("chosen") and first["compile_s"] >= 0 and len(first["rates"]) == 1
+    assert others and all(row["verdict"] == "not measured: tuning budget spent" for row in others)
+    assert result.plan.tuning_seconds >= 0
+    assert f"took {result.plan.tuning_seconds:.1f} s" in str(result.plan)
 
 
 def test_overrides_are_kept_and_tune_off_measures_nothing():
@@ -144,8 +154,8 @@ def test_a_rigged_candidate_is_not_chosen(how, verdict):
     batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(32).take(16).cache()
     before = [w.copy() for w in model.get_weights()]
     with borrowed(model, candidates[0]):
-        chosen, table, _ = tuning.tune_plan(model, candidates, tf.distribute.get_strategy(), batches,
-                                            samples_per_step=32, budget_s=60)
+        chosen, table, *_ = tuning.tune_plan(model, candidates, tf.distribute.get_strategy(), batches,
+                                             samples_per_step=32, budget_s=60)
     assert chosen.precision == "float32" and table[0].verdict == "chosen"
     assert table[1].verdict == verdict
     for a, b in zip(before, model.get_weights(), strict=True):

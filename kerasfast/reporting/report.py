@@ -208,9 +208,11 @@ def _run_parts(record: RunRecord, *, level: int, plot: bool = True) -> list[str]
     tuning = record.plan.get("tuning") or []
     if tuning:
         columns = [name for name in tuning[0] if name != "rates"]
-        parts.append(page.heading("Tuning: candidate plans measured on the model", sub + 1))
+        seconds = record.plan.get("tuning_seconds")
+        took = f" (tuning took {seconds:.1f} s beyond the chosen plan's compilation)" if seconds is not None else ""
+        parts.append(page.heading(f"Tuning: candidate plans measured on the model{took}", sub + 1))
         parts.append(page.table(columns, [[_number(row.get(name)) for name in columns] for row in tuning],
-                                numeric=("samples_per_second", "loss")))
+                                numeric=("samples_per_second", "loss", "compile_s")))
 
     if record.pruning:
         parts.append(page.heading("Sparsity per layer", sub))

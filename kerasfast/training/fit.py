@@ -399,7 +399,8 @@ def _tuned(plan: Plan, model, train_data, start: _Start, model_facts, run_facts,
               "measured on your model")
     fields = [name for name in tuning.TUNED_FIELDS if name not in user_set]
     return dataclasses.replace(chosen, reasons={**chosen.reasons, **{name: reason for name in fields}},
-                               tuning=tuple(dataclasses.asdict(row) for row in table)), measured
+                               tuning=tuple(dataclasses.asdict(row) for row in table),
+                               tuning_seconds=tuned.seconds), measured
 
 
 def _tuned_and_shown(plan: Plan, prepared, train_data, start: _Start, model_facts, run_facts, overrides: Overrides, *,

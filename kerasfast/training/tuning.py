@@ -59,6 +59,7 @@ class Measurement:
     steps_per_execution: int
     samples_per_second: float = 0.0  # mean of the rounds' rates
     loss: float | None = None  # mean loss of the first execution (from the same state and batches)
+    compile_s: float | None = None  # the first execution's seconds beyond a steady one: tracing and compiling
     rates: list = dataclasses.field(default_factory=list)
     verdict: str = ""  # "chosen", "rejected: ...", "slower", "not measured: ..."
 
@@ -166,7 +167,7 @@ class Timing(NamedTuple):
 
     samples_per_second: float
     loss: float  # the first execution's mean loss (NaN when any loss was not finite)
-    compile_s: float  # the first execution's seconds, compilation included
+    compile_s: float  # the first execution's seconds beyond a steady one: tracing and compiling
 
 
 class Tuned(NamedTuple):
@@ -175,6 +176,7 @@ class Tuned(NamedTuple):
     plan: object  # the chosen plan
     table: list  # one `Measurement` per candidate
     compiled: dict  # candidate index -> its compiled `StepFunctions`, for the candidates that ran
+    seconds: float  # tuning's own cost: its time less the chosen plan's compilation, which training reuses
 
 
 def tune_plan(model, candidates: list, strategy, batches, *, samples_per_step: int, budget_s: float,
@@ -203,8 +205,8 @@ def tune_plan(model, candidates: list, strategy, batches, *, samples_per_step: i
             None on one process.
 
     Returns:
-        A `Tuned`: the chosen plan, one `Measurement` per candidate, and
-        the compiled `StepFunctions` of those that ran.
+        A `Tuned`: the chosen plan, one `Measurement` per candidate, the
+        compiled `StepFunctions` of those that ran, and tuning's own cost.
     """
     table = [Measurement(p.precision, p.jit_compile, p.steps_per_execution) for p in candidates]
     functions = {}
@@ -244,8 +246,9 @@ def tune_plan(model, candidates: list, strategy, batches, *, samples_per_step: i
                     finally:
                         if not round_:
                             costs.append(time.perf_counter() - began)
-                if not round_ and not index:
-                    saved_s = timing.compile_s
+                if not round_:
+                    row.compile_s = timing.compile_s
+                    saved_s = saved_s if index else timing.compile_s
                 row.rates.append(timing.samples_per_second)
                 row.samples_per_second = float(np.mean(row.rates))
                 row.loss = timing.loss if row.loss is None else row.loss
@@ -262,7 +265,8 @@ def tune_plan(model, candidates: list, strategy, batches, *, samples_per_step: i
                 f"faster by less than {WIN_MARGIN - 1:.0%}: the rules' plan is kept" if faster else "slower")
     if table[best].verdict != "chosen":
         table[best].verdict = "chosen (fallback: the rule-based plan)"
-    return Tuned(candidates[best], table, functions)
+    reused_s = (table[best].compile_s or 0.0) if best in functions else 0.0
+    return Tuned(candidates[best], table, functions, time.perf_counter() - started - reused_s)
 
 
 def _judge(table: list[Measurement], reference_precision: str) -> None:
@@ -326,7 +330,7 @@ def _timed(steps, strategy, batches, samples_per_execution: int, fixed_execution
     iterator = iter(strategy.experimental_distribute_dataset(batches.repeat()))
     began = time.perf_counter()
     first_loss = _loss(train(iterator))  # the first execution compiles (and is not timed)
-    compile_s = time.perf_counter() - began
+    first_s = time.perf_counter() - began
     executions, finite = 0, True
     began = time.perf_counter()
     while True:
@@ -335,7 +339,8 @@ def _timed(steps, strategy, batches, samples_per_execution: int, fixed_execution
         elapsed = time.perf_counter() - began
         if (executions >= fixed_executions) if fixed_executions else (elapsed >= MEASURE_S and executions >= 2):
             break
-    return Timing(executions * samples_per_execution / elapsed, first_loss if finite else math.nan, compile_s)
+    return Timing(executions * samples_per_execution / elapsed, first_loss if finite else math.nan,
+                  max(0.0, first_s - elapsed / executions))
 
 
 def _loss(logs) -> float:
@@ -343,12 +348,15 @@ def _loss(logs) -> float:
     return float(keras.ops.convert_to_numpy(value)) if value is not None else math.nan
 
 
-def format_table(table: list[Measurement]) -> list[str]:
-    """Lines of the tuning table, as the plan prints it."""
-    lines = ["  tuning (measured on your model; compile time excluded):"]
+def format_table(table: list[Measurement], seconds: float | None = None) -> list[str]:
+    """Lines of the tuning table, as the plan prints it; `seconds`: tuning's own cost."""
+    took = f"took {seconds:.1f} s beyond the chosen plan's compilation, which training reuses; " \
+        if seconds is not None else ""
+    lines = [f"  tuning ({took}rates measured on your model, compile time excluded):"]
     for row in table:
         rate = f"{row.samples_per_second:,.0f} samples/s" if row.samples_per_second else "-"
         loss = f"loss {row.loss:.4g}" if row.loss is not None and math.isfinite(row.loss) else ""
+        compiled = f"compile {row.compile_s:.1f} s" if row.compile_s is not None else ""
         lines.append(f"    {row.precision:<16} jit={str(row.jit_compile):<5} spe={row.steps_per_execution:<4} "
-                     f"{rate:>20}  {loss:<14} {row.verdict}")
+                     f"{rate:>20}  {loss:<14} {compiled:<14} {row.verdict}")
     return lines
