@@ -39,15 +39,50 @@ def _mlp(width=64, extra=None):
 FIT = dict(epochs=2, batch_size=32, run_dir=False, verbose=0)
 
 
-def test_tuning_never_changes_what_training_computes():
+@pytest.mark.parametrize("options", [{"tune": "full"}, {"tune": "auto", "grad_accum_steps": 2}],
+                         ids=["full", "accumulating"])
+def test_tuning_never_changes_what_training_computes(options):
+    """Training after tuning (with the steps tuning compiled, whose gradient
+    accumulators tuning left part-filled) matches training untuned."""
     x, y = _data()
-    tuned = kerasfast.fit(_mlp(), x, y, tune="full", tune_budget_s=60, **FIT)
+    extra = {name: value for name, value in options.items() if name != "tune"}
+    tuned = kerasfast.fit(_mlp(), x, y, tune=options["tune"], tune_budget_s=60, **extra, **FIT)
     assert len(tuned.plan.tuning) > 1
     chosen = {name: getattr(tuned.plan, name) for name in tuning.TUNED_FIELDS}
-    plain = kerasfast.fit(_mlp(), x, y, tune="off", **chosen, **FIT)
+    plain = kerasfast.fit(_mlp(), x, y, tune="off", **chosen, **extra, **FIT)
     for a, b in zip(tuned.model.get_weights(), plain.model.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
     assert tuned.history.history == plain.history.history
+
+
+def test_restarted_steps_train_as_fresh_ones_do():
+    """Steps tuning left mid-accumulation (3 micro-steps, updates every 2),
+    restarted after the state was put back, train exactly as new steps do."""
+    from kerasfast.training.step_functions import StepFunctions
+
+    x, y = _data(64)
+    model = _mlp()
+    model.optimizer.build(model.trainable_variables)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+
+    def steps():
+        return StepFunctions(model, tf.distribute.get_strategy(), steps_per_execution=3, grad_accum_steps=2,
+                             jit_compile=False)
+
+    def trained(train):
+        iterator = iter(data)
+        with tuning.state_restored(model):
+            for _ in range(2):
+                train(iterator)
+            return [w.copy() for w in model.get_weights()]
+
+    fresh = trained(steps().train_function())
+    used = steps()
+    with tuning.state_restored(model):
+        used.train_function()(iter(data))
+    used.restart(None)
+    for a, b in zip(fresh, trained(used.train_function()), strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def _fit_counting_training_traces(**options):
