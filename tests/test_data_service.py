@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -43,6 +44,9 @@ def _start(args, pattern):
             break
         seen.append(line)
         if re.search(pattern, line):
+            # Keep reading what the server prints: a full pipe would block it, even in its exit.
+            process.output = seen
+            threading.Thread(target=lambda: seen.extend(process.stdout), daemon=True).start()
             return process, line
     process.kill()
     raise AssertionError(f"data-service {args} did not start: {''.join(seen)[-2000:]}")
@@ -54,10 +58,13 @@ def _stop(*processes):
         process.send_signal(signal.SIGTERM)
     try:
         return [process.wait(timeout=30) for process in processes]
+    except subprocess.TimeoutExpired as error:
+        printed = "".join(line for process in processes for line in getattr(process, "output", []))
+        raise AssertionError(f"{error.cmd} did not exit within 30 s of SIGTERM; the servers printed: "
+                             f"{printed[-2000:]}") from error
     finally:
         for process in processes:
             process.kill()
-            process.stdout.close()
 
 
 @pytest.fixture(scope="module")
