@@ -39,6 +39,18 @@ EXECUTION_OVERHEAD_S = 6e-4
 # Aim for the per-execution overhead to cost at most this share of the time.
 OVERHEAD_BUDGET = 0.05
 MAX_STEPS_PER_EXECUTION = 64
+# Without XLA an execution's edges cost more than that dispatch: measured on
+# the same CPU, interleaved, 5 runs each, the 6-conv CNN of benchmarks/tune.py
+# in onednn_bfloat16 (a ~37 ms step, ~1% of it dispatch by the estimate)
+# trains 7% faster with 8 steps per execution than with 1 (3,549 against
+# 3,306 samples/s, ranges apart). Executions of several steps compile one
+# block of micro-steps, looped, so graph (non-XLA) plans take at least this
+# many; under XLA the looped steps measured slower on the GPT recipe (278
+# against 312 samples/s), so XLA plans keep the estimate alone.
+MIN_GRAPH_STEPS_PER_EXECUTION = 8
+# ... as long as an execution stays this short, so that progress, the
+# divergence guard and backups (all checked between executions) stay prompt.
+MAX_EXECUTION_S = 1.0
 # Measured on the same CPU: below ~0.1 GFLOP per train step (a small MLP),
 # bfloat16 gains nothing measurable, so such steps keep float32's precision.
 BF16_MIN_TRAIN_STEP_FLOPS = 1e8
@@ -581,7 +593,8 @@ def _resolve_jit(requested, hardware, model: ModelFacts, run: RunFacts, train_st
     return requested, "requested"
 
 
-def _resolve_steps_per_execution(requested, data: DataFacts, model: ModelFacts, run: RunFacts, batch_size) -> tuple[int, str]:
+def _resolve_steps_per_execution(requested, data: DataFacts, model: ModelFacts, run: RunFacts, batch_size,
+                                 jit_compile: bool) -> tuple[int, str]:
     if requested != "auto":
         if not is_int(requested) or requested < 1:
             raise PlanError(f"steps_per_execution={requested!r} is not valid: use 'auto' or an integer >= 1.")
@@ -600,7 +613,9 @@ def _resolve_steps_per_execution(requested, data: DataFacts, model: ModelFacts, 
 
         step_s = TRAIN_STEP_FLOPS_PER_FORWARD * flops * batch_size / run.peak_flops
         wanted = math.ceil(EXECUTION_OVERHEAD_S / (OVERHEAD_BUDGET * max(step_s, 1e-9)))
-        chosen = max(1, min(cap, wanted))
+        floor = 1 if jit_compile else min(MIN_GRAPH_STEPS_PER_EXECUTION,
+                                          int(MAX_EXECUTION_S // max(step_s, 1e-9)))
+        chosen = max(1, min(cap, max(wanted, floor)))
         steps = data.steps_per_epoch
         if steps and steps % chosen:
             # A divisor of the epoch keeps every execution whole without
@@ -610,7 +625,9 @@ def _resolve_steps_per_execution(requested, data: DataFacts, model: ModelFacts, 
             f"{chosen}: a step is ~{step_s * 1e3:.3f} ms of math "
             f"({TRAIN_STEP_FLOPS_PER_FORWARD * flops * batch_size / 1e6:.1f} MFLOP at "
             f"{run.peak_flops / 1e9:.0f} GFLOP/s); per-execution overhead ~{EXECUTION_OVERHEAD_S * 1e3:.1f} ms "
-            f"should stay under {OVERHEAD_BUDGET:.0%} (capped at {cap})"
+            f"should stay under {OVERHEAD_BUDGET:.0%}"
+            + (f"; at least {floor} without XLA, where an execution's edges cost more" if floor > wanted else "")
+            + f" (capped at {cap})"
         )
     chosen = min(cap, 16)
     return chosen, f"{chosen}: step cost unknown, amortises ~{EXECUTION_OVERHEAD_S * 1e3:.1f} ms overhead per execution"
@@ -728,7 +745,7 @@ def resolve_plan(
         spe, reasons["steps_per_execution"] = 1, "1: run_eagerly=True runs one step at a time"
     else:
         spe, reasons["steps_per_execution"] = _resolve_steps_per_execution(
-            steps_per_execution, data, model, run, per_replica
+            steps_per_execution, data, model, run, per_replica, chosen_jit
         )
         if "steps_per_execution" in overridden and overrides.steps_per_execution == "auto":
             reasons["steps_per_execution"] = f"your compile(steps_per_execution={spe})"

@@ -213,6 +213,14 @@ def test_steps_per_execution_auto_amortises_overhead():
                          model=ModelFacts(forward_flops_per_sample=10**10), run=RunFacts(peak_flops=1e11))
     assert cheap.steps_per_execution > 8
     assert heavy.steps_per_execution == 1
+    # A ~40 ms step: its dispatch is ~1% by the estimate, yet without XLA
+    # 8 steps per execution measured faster; under XLA the estimate decides.
+    def medium(**options):
+        return resolve_plan(CPU_BF16, data=DataFacts(num_samples=64 * 128), batch_size=128,
+                            model=ModelFacts(forward_flops_per_sample=10**7), run=RunFacts(peak_flops=1e11), **options)
+    assert medium(jit_compile=False).steps_per_execution == 8
+    assert "without XLA" in medium(jit_compile=False).reasons["steps_per_execution"]
+    assert medium(jit_compile=True).steps_per_execution == 1
     short = resolve_plan(CPU_BF16, data=DataFacts(num_samples=64), batch_size=32,
                          model=ModelFacts(forward_flops_per_sample=10), run=RunFacts(peak_flops=1e11))
     assert short.steps_per_execution == 2  # never more than an epoch
