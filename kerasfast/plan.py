@@ -41,7 +41,7 @@ OVERHEAD_BUDGET = 0.05
 MAX_STEPS_PER_EXECUTION = 64
 # Without XLA an execution's edges cost more than that dispatch: measured on
 # the same CPU, interleaved, 5 runs each, the 6-conv CNN of benchmarks/tune.py
-# in onednn_bfloat16 (a ~37 ms step, ~1% of it dispatch by the estimate)
+# in onednn_bfloat16 (a ~37 ms step, ~2% of it dispatch by the estimate)
 # trains 7% faster with 8 steps per execution than with 1 (3,549 against
 # 3,306 samples/s, ranges apart). Executions of several steps compile one
 # block of micro-steps, looped, so graph (non-XLA) plans take at least this
