@@ -2,6 +2,8 @@
 fit argument, the model given back as Keras would leave it, reproducible
 runs, and errors that keep their kind."""
 
+import warnings
+
 import keras
 import numpy as np
 import pandas as pd
@@ -404,3 +406,32 @@ def test_named_inputs_of_different_lengths_are_named_in_the_error():
         model.fit(x, Y[:150], verbose=0)
     with pytest.raises(kerasfast.DataError, match=r"x\['a'\] has 200 rows, x\['b'\] has 150 rows, y has 150 rows"):
         kerasfast.fit(model, x, Y[:150], run_dir=False, verbose=0)
+
+
+def _looping_batches(x, y, batch_size, limit=None):
+    yielded = 0
+    while limit is None or yielded < limit:
+        for start in range(0, len(x), batch_size):
+            if limit is not None and yielded == limit:
+                return
+            yielded += 1
+            yield x[start:start + batch_size], y[start:start + batch_size]
+
+
+def test_a_looping_validation_generator_with_validation_steps_validates_as_keras_does_without_a_warning():
+    arguments = dict(x=X, y=Y, batch_size=16, epochs=3, shuffle=False, verbose=0, validation_steps=2)
+    keras_model, ours = _model(), _model()
+    history = keras_model.fit(**arguments, validation_data=_looping_batches(X[:50], Y[:50], 25))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        result = kerasfast.fit(ours, **arguments, validation_data=_looping_batches(X[:50], Y[:50], 25),
+                               precision="float32", run_dir=False)
+    assert not [w for w in seen if "ran out of data" in str(w.message)]  # unknown-length data made Keras warn after each one
+    assert len(result.history.history["val_loss"]) == 3
+    np.testing.assert_allclose(result.history.history["val_loss"], history.history["val_loss"], atol=1e-4)
+
+
+def test_validation_data_shorter_than_validation_steps_is_named():
+    with pytest.raises(kerasfast.DataError, match=r"validation_steps=3, but validation_data yielded only 2 "):
+        kerasfast.fit(_model(), X, Y, batch_size=16, epochs=1, validation_steps=3, run_dir=False, verbose=0,
+                      validation_data=_looping_batches(X[:50], Y[:50], 25, limit=2))

@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import os
 import pathlib
+import re
 import shutil
 import tempfile
 
@@ -891,7 +892,7 @@ def fit(
                 from kerasfast.training.tensorboard import tensorboard_callback
 
                 callbacks = callbacks + [tensorboard_callback(folder, plan)]
-            with _damage_named(feed.x, feed.validation_data):
+            with _damage_named(feed.x, feed.validation_data), _validation_steps_checked(feed.validation_steps):
                 history, meter, guard = _train(
                     train_model, plan, start, train_data, stream_from, epochs=epochs, initial_epoch=initial_epoch,
                     callbacks=callbacks, verbose=verbose, validation=validation, meter_factory=meter_factory,
@@ -1101,9 +1102,39 @@ def _validation_arguments(validation_data, batch_size, steps, freq, train_data, 
         validation_data = prepare_data(validation_data, batch_size=batch_size or train_data.facts.batch_size,
                                        shuffle=False, what="validation_data", on_error=on_error).dataset
         if steps is not None:
-            validation_data, steps = validation_data.take(steps), None
+            validation_data, steps = _first_batches(validation_data, steps), None
     return {"validation_data": validation_data, "validation_steps": steps, "validation_freq": freq,
             "validation_batch_size": batch_size or train_data.facts.batch_size or 32}
+
+
+def _first_batches(dataset, steps: int):
+    """The first `steps` batches of `dataset`, their count known to Keras.
+
+    Keras warns that "your input ran out of data" whenever an evaluation
+    ends on data of unknown length (a generator's), as this one always
+    does; with `validation_steps` the length is known, and a generator
+    that yields fewer batches fails, naming the count.
+    """
+    first = dataset.take(steps)
+    if first.cardinality() == tf.data.UNKNOWN_CARDINALITY:
+        first = first.apply(tf.data.experimental.assert_cardinality(steps))
+    return first
+
+
+@contextlib.contextmanager
+def _validation_steps_checked(steps: int | None):
+    """Turns `_first_batches`'s count check failing into a `DataError`
+    naming `validation_steps` and the batches the data held."""
+    try:
+        yield
+    except tf.errors.FailedPreconditionError as error:
+        found = re.search(rf"expected to contain {steps} elements but contained only (\d+)", str(error))
+        if steps is None or found is None:
+            raise
+        raise DataError(
+            f"validation_steps={steps}, but validation_data yielded only {found.group(1)} batch(es). Pass "
+            f"validation_steps={found.group(1)} or fewer, or validation data that lasts (a generator that loops, "
+            "a dataset with .repeat()).") from error
 
 
 def _compile_copy(clone, user_model, plan, *, loss, optimizer, metrics) -> None:
