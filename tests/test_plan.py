@@ -5,6 +5,7 @@ import json
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import kerasfast
 from kerasfast.errors import DataError, PlanError
@@ -318,6 +319,9 @@ def test_data_that_does_not_match_the_model_is_a_clear_error(digits):
         kerasfast.fit(small_convnet(), (x.reshape(len(x), 64), y), **FIT)
     with pytest.raises(DataError, match="disagree on the number of samples"):
         kerasfast.fit(small_convnet(), (x, y[:-5]), **FIT)
+    unbatched = tf.data.Dataset.from_tensor_slices((x, y))
+    with pytest.raises(DataError, match=r"single samples of shape \(8, 8, 1\).*dataset.batch\(32\)"):
+        kerasfast.fit(small_convnet(), unbatched, **{k: v for k, v in FIT.items() if k != "batch_size"})
     with pytest.raises(DataError, match="needs input"):
         kerasfast.fit(small_convnet(), {"x": x}, y, **FIT)
     with pytest.raises(DataError, match="not supported"):

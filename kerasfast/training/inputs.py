@@ -415,6 +415,11 @@ def check_inputs_match(model, sample_inputs, what: str = "data") -> None:
         shape = tuple(tensor.shape) if hasattr(tensor, "shape") else tuple(np.shape(tensor))
         expected = tuple(spec.shape)
         if not _shapes_compatible(shape, expected):
+            if _shapes_compatible((None,) + shape, expected):
+                raise DataError(
+                    f"{what} yields single samples of shape {shape}, but model {model.name!r} input "
+                    f"{_input_name(spec)!r} takes batches of them {('batch',) + expected[1:]}: batch the data "
+                    "(e.g. dataset.batch(32)), as Keras expects a tf.data.Dataset to be batched.")
             raise DataError(
                 f"{what} has inputs of shape {('batch',) + shape[1:]} but model {model.name!r} input "
                 f"{_input_name(spec)!r} expects {('batch',) + expected[1:]}: reshape the data "
