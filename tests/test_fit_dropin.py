@@ -435,3 +435,27 @@ def test_validation_data_shorter_than_validation_steps_is_named():
     with pytest.raises(kerasfast.DataError, match=r"validation_steps=3, but validation_data yielded only 2 "):
         kerasfast.fit(_model(), X, Y, batch_size=16, epochs=1, validation_steps=3, run_dir=False, verbose=0,
                       validation_data=_looping_batches(X[:50], Y[:50], 25, limit=2))
+
+
+@pytest.mark.parametrize("make_callback, calls_per_step", [
+    (lambda seen: keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: seen.append(batch)), 1),
+    (lambda seen: keras.callbacks.LambdaCallback(on_batch_end=lambda batch, logs: seen.append(batch)), 1),
+    (lambda seen: keras.callbacks.TensorBoard(seen.dir, update_freq=1), 0),
+])
+def test_keras_callbacks_acting_on_every_batch_see_every_batch(make_callback, calls_per_step, tmp_path):
+    seen = type("Seen", (list,), {})()
+    seen.dir = str(tmp_path)
+    callback = make_callback(seen)
+    result = kerasfast.fit(_model(), X, Y, batch_size=16, epochs=2, callbacks=[callback], run_dir=False, verbose=0)
+    assert result.plan.steps_per_execution == 1
+    assert type(callback).__name__ in result.plan.reasons["steps_per_execution"]
+    assert len(seen) == calls_per_step * 2 * 13  # 2 epochs of 13 batches, as in Keras
+    if isinstance(callback, keras.callbacks.TensorBoard):
+        assert callback._global_train_batch == 2 * 13
+
+
+def test_keras_callbacks_acting_per_epoch_keep_longer_executions(tmp_path):
+    callbacks = [keras.callbacks.TensorBoard(str(tmp_path)), keras.callbacks.EarlyStopping(monitor="loss"),
+                 keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: None)]
+    result = kerasfast.fit(_model(), X, Y, batch_size=16, epochs=1, callbacks=callbacks, run_dir=False, verbose=0)
+    assert result.plan.steps_per_execution > 1

@@ -115,15 +115,26 @@ class FitResult:
 
 
 def _batch_callbacks(callbacks) -> tuple[str, ...]:
-    """User callbacks (not Keras's own) that override a per-batch hook."""
+    """Callbacks that act on every batch, which Keras calls once per
+    execution: a user class overriding a per-batch hook, a hook set on the
+    instance (`LambdaCallback(on_train_batch_end=...)`), or Keras's
+    `TensorBoard` writing or profiling batches (it counts its calls as
+    batches). Keras's other callbacks read the batch index, or act per epoch."""
     base = keras.callbacks.Callback
     hooks = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
     names = []
     for callback in callbacks:
-        if type(callback).__module__.startswith("keras"):
-            continue
-        if any(getattr(type(callback), hook) is not getattr(base, hook) for hook in hooks):
-            names.append(type(callback).__name__)
+        kind = type(callback)
+        if any(hook in vars(callback) for hook in hooks):
+            per_batch = True
+        elif isinstance(callback, keras.callbacks.TensorBoard):
+            per_batch = (callback.update_freq != "epoch" or callback.write_steps_per_second
+                         or bool(getattr(callback, "_should_trace", False)))
+        else:
+            per_batch = not kind.__module__.startswith("keras") and any(
+                getattr(kind, hook) is not getattr(base, hook) for hook in hooks)
+        if per_batch:
+            names.append(kind.__name__)
     return tuple(names)
 
 
