@@ -459,3 +459,14 @@ def test_keras_callbacks_acting_per_epoch_keep_longer_executions(tmp_path):
                  keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: None)]
     result = kerasfast.fit(_model(), X, Y, batch_size=16, epochs=1, callbacks=callbacks, run_dir=False, verbose=0)
     assert result.plan.steps_per_execution > 1
+
+
+def test_tuning_keeps_one_step_per_execution_for_a_per_batch_callback(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERASFAST_CACHE_DIR", str(tmp_path))
+    untouched = kerasfast.fit(_model(), X, Y, batch_size=16, epochs=1, tune_budget_s=5, run_dir=False, verbose=0)
+    assert untouched.plan.tuning and untouched.plan.steps_per_execution > 1  # tuned and cached, no callback
+    seen = []
+    callback = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: seen.append(batch))
+    result = kerasfast.fit(_model(), X, Y, batch_size=16, epochs=1, tune_budget_s=5, callbacks=[callback],
+                           run_dir=False, verbose=0)
+    assert result.plan.steps_per_execution == 1 and len(seen) == 13

@@ -372,7 +372,10 @@ def _tuned(plan: Plan, model, train_data, start: _Start, model_facts, run_facts,
     from kerasfast.training import tuning
 
     distribution = start.distribution
-    user_set = tuple(set(overrides.user_set()) | set(plan.overridden))
+    user_set = set(overrides.user_set()) | set(plan.overridden)
+    if run_facts.user_batch_callbacks:
+        user_set.add("steps_per_execution")  # those callbacks must see every batch, whatever was tuned before
+    user_set = tuple(user_set)
     if all(field in user_set for field in tuning.TUNED_FIELDS):
         return plan, None
     key = tuning.cache_key(model, train_data.sample_inputs, plan, start.hardware)
