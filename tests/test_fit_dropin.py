@@ -470,3 +470,15 @@ def test_tuning_keeps_one_step_per_execution_for_a_per_batch_callback(tmp_path, 
     result = kerasfast.fit(_model(), X, Y, batch_size=16, epochs=1, tune_budget_s=5, callbacks=[callback],
                            run_dir=False, verbose=0)
     assert result.plan.steps_per_execution == 1 and len(seen) == 13
+
+
+def test_a_model_created_in_a_strategy_scope_trains_under_that_strategy_as_in_keras():
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        keras_model, ours = _model(), _model()
+    keras_model.fit(X, Y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    result = kerasfast.fit(ours, X, Y, batch_size=16, epochs=2, shuffle=False, precision="float32", run_dir=False,
+                           verbose=0)
+    assert result.plan.strategy == "MirroredStrategy"
+    assert ours.distribute_strategy is strategy
+    _assert_same_weights(keras_model, ours)

@@ -826,6 +826,8 @@ def fit(
     (3, True)
     """
     x = _one_training_data(x, data)
+    if strategy == "auto" and isinstance(model, keras.Model) and _compat.creation_strategy(model) is not None:
+        strategy = _compat.creation_strategy(model)  # as Keras does: the strategy the model was created under
     callbacks = keras.tree.flatten(callbacks) if callbacks else []  # Keras also takes a single callback
     epochs, initial_epoch, batch_size, steps_per_epoch, validation_steps, validation_batch_size = (
         _python_int(value) for value in (epochs, initial_epoch, batch_size, steps_per_epoch, validation_steps,
