@@ -220,6 +220,8 @@ class ModelFacts:
         run_eagerly: The model was compiled with `run_eagerly=True`.
         loss_scaled: The model's optimizer already scales the loss
             (a `LossScaleOptimizer`).
+        built_under: The mixed dtype policy the model's layers were built
+            under (e.g. a global "mixed_float16"), None for float32.
     """
 
     layers_without_jit: tuple[str, ...] = ()
@@ -237,6 +239,7 @@ class ModelFacts:
     compile_steps_per_execution: int = 1
     run_eagerly: bool = False
     loss_scaled: bool = False
+    built_under: str | None = None
 
     @property
     def normalised_stack(self) -> bool:
@@ -860,6 +863,9 @@ def _resolve_model_precision(hardware: Hardware, precision, model: ModelFacts, t
         recurrent=bool(model.recurrent_layers), conv_batch_norm=bool(model.batch_norm_layers) and model.conv_flops > 0,
         normalised_stack_under_xla=model.normalised_stack and xla_chosen,
         jit_compile=jit_compile)
+    if precision == "auto" and model.built_under and keras_policy(chosen) != model.built_under:
+        reason += (f"; your model was built under '{model.built_under}': pass precision='{model.built_under}' "
+                   "to train in it")
     if chosen != "mixed_float16" or train_step != "yours" or model.loss_scaled:
         return chosen, reason
     if precision == "auto":

@@ -154,3 +154,19 @@ def test_onednn_bfloat16_trains_like_float32(digits, float32_run):
     import tensorflow as tf
 
     assert tf.config.optimizer.get_experimental_options().get("auto_mixed_precision_onednn_bfloat16", False) is False
+
+
+def test_a_model_built_under_a_mixed_policy_is_told_how_to_keep_it(digits):
+    (x, y), _ = digits
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        model = small_convnet()
+    finally:
+        keras.config.set_dtype_policy("float32")
+    model.compile("adam", "sparse_categorical_crossentropy")
+    result = kerasfast.fit(model, (x, y), epochs=1, batch_size=64, run_dir=False, verbose=0)
+    if result.plan.precision != "mixed_float16":  # never on a CPU
+        assert "built under 'mixed_float16': pass precision='mixed_float16'" in result.plan.reasons["precision"]
+    kept = kerasfast.fit(model, (x, y), epochs=1, batch_size=64, precision="mixed_float16", run_dir=False, verbose=0)
+    assert kept.plan.precision == "mixed_float16" and "built under" not in kept.plan.reasons["precision"]
+    assert model.layers[0].dtype_policy.name == "mixed_float16"  # the model's own policy, given back

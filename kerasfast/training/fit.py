@@ -285,7 +285,15 @@ def _model_facts(model, train_data, optimizer) -> ModelFacts:
         compile_steps_per_execution=spe if is_int(spe) else 1,
         run_eagerly=bool(settings.get("run_eagerly")),
         loss_scaled=isinstance(template, keras.optimizers.LossScaleOptimizer),
+        built_under=_mixed_policy(layers),
     )
+
+
+def _mixed_policy(layers) -> str | None:
+    """The mixed dtype policy most of the layers were built under, if any."""
+    mixed = [layer.dtype_policy.name for layer in layers
+             if getattr(layer, "dtype_policy", None) is not None and layer.dtype_policy.name.startswith("mixed_")]
+    return max(set(mixed), key=mixed.count) if mixed else None
 
 
 def _plan_run(start: _Start, overrides: Overrides, model_facts: ModelFacts, train_data, *, epochs, callbacks,
