@@ -18,6 +18,7 @@ that Keras still distributes the data.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import keras
@@ -134,6 +135,44 @@ def unscale_loss_for_distribution(loss):
     from keras.src.losses.loss import unscale_loss_for_distribution as unscale
 
     return unscale(loss)
+
+
+def compute_loss(model, x, y, y_pred, sample_weight, training: bool):
+    """`model.compute_loss`, called as Keras calls it: with `training` only
+    when the user's override takes it (keras-io's distiller does not)."""
+    return model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training)
+
+
+def raw_learning_rate(optimizer):
+    """What the optimizer was given as its learning rate: a variable holding
+    a constant, a `LearningRateSchedule` or a callable. Read directly, since
+    `get_config()` fails on a schedule without one of its own."""
+    return optimizer._learning_rate
+
+
+@contextlib.contextmanager
+def uncompiled(model):
+    """Inside the block the model reads as not compiled, so that
+    `keras.models.clone_model` does not serialise its compile settings (a
+    schedule without `get_config()` cannot be); the clone is compiled after."""
+    compiled = model.compiled
+    model.compiled = False
+    try:
+        yield
+    finally:
+        model.compiled = compiled
+
+
+@contextlib.contextmanager
+def learning_rate_hidden(optimizer):
+    """Inside the block the optimizer's learning rate is a placeholder
+    float, so that `get_config()` works whatever the rate is."""
+    rate = optimizer._learning_rate
+    optimizer._learning_rate = 0.5
+    try:
+        yield
+    finally:
+        optimizer._learning_rate = rate
 
 
 def call_has_training_arg(model) -> bool:

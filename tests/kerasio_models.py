@@ -1095,6 +1095,169 @@ def data_pydataset():
 
 
 # ----------------------------------------------------------------------------------------
+# 14. Knowledge distillation (examples/vision/knowledge_distillation.py)
+# ----------------------------------------------------------------------------------------
+
+
+class Distiller(keras.Model):
+    def __init__(self, student, teacher):
+        super().__init__()
+        self.teacher = teacher
+        self.student = student
+
+    def compile(
+        self,
+        optimizer,
+        metrics,
+        student_loss_fn,
+        distillation_loss_fn,
+        alpha=0.1,
+        temperature=3,
+    ):
+        super().compile(optimizer=optimizer, metrics=metrics)
+        self.student_loss_fn = student_loss_fn
+        self.distillation_loss_fn = distillation_loss_fn
+        self.alpha = alpha
+        self.temperature = temperature
+
+    # keras.io's override takes no `training` argument: Keras calls it without one.
+    def compute_loss(
+        self, x=None, y=None, y_pred=None, sample_weight=None, allow_empty=False
+    ):
+        teacher_pred = self.teacher(x, training=False)
+        student_loss = self.student_loss_fn(y, y_pred)
+
+        distillation_loss = self.distillation_loss_fn(
+            ops.softmax(teacher_pred / self.temperature, axis=1),
+            ops.softmax(y_pred / self.temperature, axis=1),
+        ) * (self.temperature**2)
+
+        loss = self.alpha * student_loss + (1 - self.alpha) * distillation_loss
+        return loss
+
+    def call(self, x):
+        return self.student(x)
+
+
+def _distillation_data():
+    data = data_mnist_convnet()
+    return data["x"], np.argmax(data["y"], axis=1)
+
+
+def build_distiller():
+    keras.utils.set_random_seed(14)
+    # Create the teacher
+    teacher = keras.Sequential(
+        [
+            keras.Input(shape=(MNIST_SIDE, MNIST_SIDE, 1)),
+            layers.Conv2D(32, (3, 3), strides=(2, 2), padding="same"),  # keras.io: 256
+            layers.LeakyReLU(negative_slope=0.2),
+            layers.MaxPooling2D(pool_size=(2, 2), strides=(1, 1), padding="same"),
+            layers.Conv2D(64, (3, 3), strides=(2, 2), padding="same"),  # keras.io: 512
+            layers.Flatten(),
+            layers.Dense(10),
+        ],
+        name="teacher",
+    )
+    # Create the student
+    student = keras.Sequential(
+        [
+            keras.Input(shape=(MNIST_SIDE, MNIST_SIDE, 1)),
+            layers.Conv2D(4, (3, 3), strides=(2, 2), padding="same"),  # keras.io: 16
+            layers.LeakyReLU(negative_slope=0.2),
+            layers.MaxPooling2D(pool_size=(2, 2), strides=(1, 1), padding="same"),
+            layers.Conv2D(8, (3, 3), strides=(2, 2), padding="same"),  # keras.io: 32
+            layers.Flatten(),
+            layers.Dense(10),
+        ],
+        name="student",
+    )
+    # Train teacher as usual
+    teacher.compile(
+        optimizer=keras.optimizers.Adam(),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=[keras.metrics.SparseCategoricalAccuracy()],
+    )
+    x_train, y_train = _distillation_data()
+    teacher.fit(x_train, y_train, epochs=2, verbose=0)  # keras.io: 5
+
+    # Initialize and compile distiller
+    distiller = Distiller(student=student, teacher=teacher)
+    distiller.compile(
+        optimizer=keras.optimizers.Adam(),
+        metrics=[keras.metrics.SparseCategoricalAccuracy()],
+        student_loss_fn=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        distillation_loss_fn=keras.losses.KLDivergence(),
+        alpha=0.1,
+        temperature=10,
+    )
+    return distiller
+
+
+def data_distiller():
+    x_train, y_train = _distillation_data()
+    return {"x": x_train, "y": y_train, "batch_size": 32, "epochs": 3}
+
+
+# ----------------------------------------------------------------------------------------
+# 15. A warmup cosine schedule of the user's own, without get_config
+#     (examples/vision/shiftvit.py's WarmUpCosine and AdamW, on the guide's MLP)
+# ----------------------------------------------------------------------------------------
+
+
+class WarmUpCosine(keras.optimizers.schedules.LearningRateSchedule):
+    """A LearningRateSchedule that uses a warmup cosine decay schedule."""
+
+    # Changed from keras.io: keras.ops instead of tf ops, and the comments and the
+    # ValueErrors' long messages shortened.
+
+    def __init__(self, lr_start, lr_max, warmup_steps, total_steps):
+        super().__init__()
+        self.lr_start = lr_start
+        self.lr_max = lr_max
+        self.warmup_steps = warmup_steps
+        self.total_steps = total_steps
+        self.pi = np.pi
+
+    def __call__(self, step):
+        if self.total_steps < self.warmup_steps:
+            raise ValueError("Total_steps must be larger or equal to warmup_steps.")
+        step = ops.cast(step, "float32")
+        cos_annealed_lr = ops.cos(
+            self.pi
+            * (step - self.warmup_steps)
+            / float(self.total_steps - self.warmup_steps)
+        )
+        learning_rate = 0.5 * self.lr_max * (1 + cos_annealed_lr)
+        if self.warmup_steps > 0:
+            if self.lr_max < self.lr_start:
+                raise ValueError("lr_start must be smaller or equal to lr_max.")
+            slope = (self.lr_max - self.lr_start) / self.warmup_steps
+            warmup_rate = slope * step + self.lr_start
+            learning_rate = ops.where(step < self.warmup_steps, warmup_rate, learning_rate)
+        return ops.where(step > self.total_steps, 0.0, learning_rate)
+
+
+def build_warmup_cosine():
+    keras.utils.set_random_seed(15)
+    model = get_uncompiled_model()
+    total_steps = 4 * 1024 // 64
+    warmup_steps = int(total_steps * 0.15)
+    scheduled_lrs = WarmUpCosine(lr_start=1e-5, lr_max=2e-3, warmup_steps=warmup_steps, total_steps=total_steps)
+    model.compile(
+        optimizer=keras.optimizers.AdamW(learning_rate=scheduled_lrs, weight_decay=0.0001),
+        loss=keras.losses.SparseCategoricalCrossentropy(),
+        metrics=[keras.metrics.SparseCategoricalAccuracy()],
+    )
+    return model
+
+
+def data_warmup_cosine():
+    x_train, y_train = _guide_digits(116, 1024)
+    return {"x": x_train, "y": y_train, "batch_size": 64, "epochs": 4}
+
+
+# ----------------------------------------------------------------------------------------
 
 EXAMPLES = [
     ("mnist_convnet", build_mnist_convnet, data_mnist_convnet,
@@ -1125,4 +1288,8 @@ EXAMPLES = [
      ["loss", "sparse_categorical_accuracy"]),
     ("pydataset", build_pydataset, data_pydataset,
      ["loss", "sparse_categorical_accuracy", "val_loss", "val_sparse_categorical_accuracy"]),
+    ("distiller", build_distiller, data_distiller,
+     ["loss", "sparse_categorical_accuracy"]),
+    ("warmup_cosine", build_warmup_cosine, data_warmup_cosine,
+     ["loss", "sparse_categorical_accuracy"]),
 ]

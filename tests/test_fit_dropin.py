@@ -482,3 +482,33 @@ def test_a_model_created_in_a_strategy_scope_trains_under_that_strategy_as_in_ke
     assert result.plan.strategy == "MirroredStrategy"
     assert ours.distribute_strategy is strategy
     _assert_same_weights(keras_model, ours)
+
+
+class _HalvingSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """A schedule of the user's own without get_config(), as keras.io's often are."""
+
+    def __call__(self, step):
+        return 0.2 * 0.5 ** (keras.ops.cast(step, "float32") / 10.0)
+
+
+def test_a_schedule_without_get_config_survives_the_rebuild_for_a_strategy():
+    model = _model()
+    schedule = _HalvingSchedule()
+    model.compile(keras.optimizers.SGD(schedule), "sparse_categorical_crossentropy")
+    before = [w.copy() for w in model.get_weights()]
+    result = kerasfast.fit(model, X, Y, batch_size=16, epochs=1, strategy=tf.distribute.MirroredStrategy(["/cpu:0"]),
+                           run_dir=False, verbose=0)
+    assert "rebuilt" in result.model_preparation
+    assert any(not np.array_equal(a, b) for a, b in zip(before, model.get_weights(), strict=True))
+    assert model.optimizer._learning_rate is schedule and int(model.optimizer.iterations) == 13
+
+
+def test_a_model_rebuilt_for_a_strategy_keeps_the_users_compile_settings():
+    model = _model()  # SGD(0.2), accuracy
+    result = kerasfast.fit(model, X, Y, batch_size=16, epochs=1, strategy=tf.distribute.MirroredStrategy(["/cpu:0"]),
+                           run_dir=False, verbose=0)
+    assert "rebuilt" in result.model_preparation
+    assert "accuracy" in result.history.history
+    assert "your optimizer" in result.plan.reasons["learning_rate"]
+    assert isinstance(model.optimizer, keras.optimizers.SGD) and int(model.optimizer.iterations) == 13
+    assert float(keras.ops.convert_to_numpy(model.optimizer.learning_rate)) == pytest.approx(0.2)

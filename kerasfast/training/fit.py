@@ -1043,7 +1043,9 @@ def _prepared_model(model, train_data, optimizer, tf_strategy) -> tuple[Prepared
     prepared: PreparedModel = prepare_model(model, train_data.sample_inputs, strategy=tf_strategy, own_steps=own_steps)
     if _compat.overridden_step(prepared.train_model, "train_step") is None:
         check_inputs_match(prepared.train_model, train_data.sample_inputs)
-    return prepared, _model_facts(prepared.train_model, train_data, optimizer)
+    # A rebuilt copy is compiled later, like the user's model: the facts (compile settings included) are the user's.
+    return prepared, _model_facts(prepared.user_model if prepared.rebuilt else prepared.train_model, train_data,
+                                  optimizer)
 
 
 def _compiled_for_plan(prepared: PreparedModel, plan: Plan, train_data, tf_strategy, *, loss, optimizer,

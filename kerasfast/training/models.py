@@ -90,7 +90,8 @@ def clone_under(model, policy: str, remat: str | None = None):
 
     with build_scope(policy, remat):
         if _is_graph_model(model):
-            return keras.models.clone_model(model, clone_function=clone_layer, recursive=True)
+            with _compat.uncompiled(model):  # the caller compiles the clone
+                return keras.models.clone_model(model, clone_function=clone_layer, recursive=True)
         try:
             return model.__class__.from_config(model.get_config())
         except Exception as error:  # noqa: BLE001 - any failure means "cannot clone"

@@ -13,6 +13,7 @@ import math
 
 import keras
 
+from kerasfast import _compat
 from kerasfast.plan import HOLD_FRACTION, Plan
 from kerasfast.training.schedules import OneCycle, StartingAt, WarmupHoldCosine, warmup_cosine
 
@@ -30,8 +31,9 @@ def unwrap(optimizer):
 
 def constant_learning_rate(optimizer) -> float | None:
     """The optimizer's learning rate if it is a constant, else None."""
-    optimizer = unwrap(optimizer)
-    rate = optimizer.get_config().get("learning_rate")
+    rate = _compat.raw_learning_rate(unwrap(optimizer))
+    if isinstance(rate, keras.Variable):
+        return float(keras.ops.convert_to_numpy(rate))
     return float(rate) if isinstance(rate, (int, float)) else None
 
 
@@ -55,7 +57,15 @@ def default_optimizer(plan: Plan):
 def copy_of(optimizer):
     """A fresh optimizer of the same class and configuration (no state)."""
     template = keras.optimizers.get(optimizer) if isinstance(optimizer, str) else optimizer
-    return template.__class__.from_config(template.get_config())
+    rate = _compat.raw_learning_rate(unwrap(template))
+    if isinstance(rate, keras.Variable):
+        return template.__class__.from_config(template.get_config())
+    # A schedule (or callable) is shared, not serialised: the user's own
+    # schedule class need not have a get_config() for Keras to train with it.
+    with _compat.learning_rate_hidden(unwrap(template)):
+        fresh = template.__class__.from_config(template.get_config())
+    unwrap(fresh).learning_rate = rate
+    return fresh
 
 
 def planned_learning_rate(plan: Plan, start_step: int = 0, optimizer=None):

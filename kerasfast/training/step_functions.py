@@ -148,7 +148,7 @@ class StepFunctions:
                 y_pred = model(x)
             # The loss is already divided by the number of replicas (Keras
             # scales it for distribution), so summed gradients are a mean.
-            loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
+            loss = _compat.compute_loss(model, x, y, y_pred, sample_weight, training=True)
             scaled = self.optimizer.scale_loss(loss)
         gradients = tape.gradient(scaled, model.trainable_variables)
         if self.strategy.num_replicas_in_sync > 1:
@@ -386,7 +386,7 @@ class StepFunctions:
         def replica_step(data):
             x, y, sample_weight = _unpack(data)
             y_pred = model(x, training=False) if _compat.call_has_training_arg(model) else model(x)
-            loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False)
+            loss = _compat.compute_loss(model, x, y, y_pred, sample_weight, training=False)
             return self._track(x, y, y_pred, sample_weight, loss)
 
         steps = self.steps_per_execution
