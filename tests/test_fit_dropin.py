@@ -512,3 +512,16 @@ def test_a_model_rebuilt_for_a_strategy_keeps_the_users_compile_settings():
     assert "your optimizer" in result.plan.reasons["learning_rate"]
     assert isinstance(model.optimizer, keras.optimizers.SGD) and int(model.optimizer.iterations) == 13
     assert float(keras.ops.convert_to_numpy(model.optimizer.learning_rate)) == pytest.approx(0.2)
+
+
+def test_a_model_keras_cannot_save_keeps_its_run_and_its_weights(tmp_path):
+    model = _model()
+    model.compile(keras.optimizers.SGD(_HalvingSchedule()), "sparse_categorical_crossentropy")
+    with pytest.warns(UserWarning, match=r"cannot save the model as model.keras \(NotImplementedError: .*_HalvingSchedule"):
+        result = kerasfast.fit(model, X, Y, batch_size=16, epochs=1, run_dir=tmp_path, verbose=0)
+    files = sorted(path.name for path in tmp_path.iterdir())
+    assert "model.keras" not in files and "history.json" in files
+    assert not [name for name in files if name.startswith(".tmp")]  # nothing half-written left
+    restored = _model()
+    restored.load_weights(tmp_path / "model.weights.h5")
+    _assert_same_weights(restored, result.model)

@@ -26,12 +26,14 @@ import pathlib
 import re
 import shutil
 import tempfile
+import warnings
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from kerasfast import _compat, costs, threads
+from kerasfast._atomic import replace_durably
 from kerasfast.data import service
 from kerasfast._checks import is_int, is_number
 from kerasfast.distribute import resolve_strategy
@@ -1278,6 +1280,23 @@ def _non_finite_layers(model) -> list[str]:
                    if keras.backend.is_float_dtype(w.dtype))]
 
 
+def _save_model_or_weights(model, folder) -> None:
+    """model.keras; for a model Keras cannot serialise (a custom layer or
+    schedule without get_config()), model.weights.h5 and a warning, since
+    training itself went as in Keras."""
+    try:
+        save_model(model, folder / "model.keras")
+    except OSError:
+        raise
+    except Exception as error:  # noqa: BLE001 - Keras raises several kinds when serialising
+        weights = replace_durably(folder / "model.weights.h5", model.save_weights, keep_suffix=True)
+        detail = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+        warnings.warn(
+            f"kerasfast: training finished, but Keras cannot save the model as model.keras "
+            f"({type(error).__name__}: {detail}); its trained weights are in {weights} and in your model "
+            "object. Give the object named there a get_config() to save the whole model.", stacklevel=5)
+
+
 def _write_run_files(folder, result: FitResult, model, backup) -> None:
     """history.json, result.json, pruning.json and model.keras, each durable.
 
@@ -1293,7 +1312,7 @@ def _write_run_files(folder, result: FitResult, model, backup) -> None:
         if result.pruning is not None:
             write_json(folder / "pruning.json", result.pruning)
         if model is not None:
-            save_model(model, folder / "model.keras")
+            _save_model_or_weights(model, folder)
     except OSError as error:
         kept = (f"the trained state is kept in {backup.path}: re-run the same command to write the files again "
                 "without retraining") if backup is not None and backup.path.is_file() else \
