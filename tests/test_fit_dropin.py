@@ -525,3 +525,13 @@ def test_a_model_keras_cannot_save_keeps_its_run_and_its_weights(tmp_path):
     restored = _model()
     restored.load_weights(tmp_path / "model.weights.h5")
     _assert_same_weights(restored, result.model)
+
+
+def test_labels_out_of_the_outputs_range_are_named():
+    labels = Y.copy()
+    labels[[7, 40]] = 3  # the model has 3 classes: 0..2
+    with pytest.raises(kerasfast.DataError, match=r"y holds label 3 at sample 7 \(2 sample\(s\) in all.*0\.\.2"):
+        kerasfast.fit(_model(), X, labels, batch_size=16, epochs=1, run_dir=False, verbose=0)
+    batches = tf.data.Dataset.from_tensor_slices((X, labels)).batch(16)
+    with pytest.raises(kerasfast.DataError, match=r"the data holds label 3, .* 3 classes"):
+        kerasfast.fit(_model(), batches, epochs=1, run_dir=False, verbose=0)

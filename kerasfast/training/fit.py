@@ -918,7 +918,8 @@ def fit(
                 from kerasfast.training.tensorboard import tensorboard_callback
 
                 callbacks = callbacks + [tensorboard_callback(folder, plan)]
-            with _damage_named(feed.x, feed.validation_data), _validation_steps_checked(feed.validation_steps):
+            with _damage_named(feed.x, feed.validation_data), _validation_steps_checked(feed.validation_steps), \
+                    _labels_checked(feed.y):
                 history, meter, guard = _train(
                     train_model, plan, start, train_data, stream_from, epochs=epochs, initial_epoch=initial_epoch,
                     callbacks=callbacks, verbose=verbose, validation=validation, meter_factory=meter_factory,
@@ -1163,6 +1164,35 @@ def _validation_steps_checked(steps: int | None):
             f"validation_steps={steps}, but validation_data yielded only {found.group(1)} batch(es). Pass "
             f"validation_steps={found.group(1)} or fewer, or validation data that lasts (a generator that loops, "
             "a dataset with .repeat()).") from error
+
+
+_LABEL_OUT_OF_RANGE = r"Received a label value of (-?\d+) which is outside the valid range of \[0, (\d+)\)"
+
+
+@contextlib.contextmanager
+def _labels_checked(y):
+    """Turns TensorFlow's "label value outside the valid range" (a sparse
+    categorical loss on a label the output has no unit for) into a
+    `DataError` with the label, the sample when `y` is an array, and the fix."""
+    try:
+        yield
+    except tf.errors.InvalidArgumentError as error:
+        found = re.search(_LABEL_OUT_OF_RANGE, str(error))
+        if found is None:
+            raise
+        label, classes = int(found.group(1)), int(found.group(2))
+        where = f"the data holds label {label}"
+        if isinstance(y, np.ndarray) and np.issubdtype(y.dtype, np.integer) and y.ndim:
+            rows = y.reshape(len(y), -1)
+            outside = (rows < 0) | (rows >= classes)
+            bad = np.flatnonzero(outside.any(axis=1))
+            if len(bad):
+                where = (f"y holds label {rows[bad[0]][outside[bad[0]]][0]} at sample {bad[0]} ({len(bad)} sample(s) "
+                         "in all hold labels out of range)")
+        raise DataError(
+            f"{where}, but the model's output has {classes} classes, so labels must lie in 0..{classes - 1}. "
+            "Shift labels that start at 1 (y - 1), or give the output layer as many units as there are "
+            "classes.") from error
 
 
 def _compile_copy(clone, user_model, plan, *, loss, optimizer, metrics) -> None:
