@@ -535,3 +535,48 @@ def test_labels_out_of_the_outputs_range_are_named():
     batches = tf.data.Dataset.from_tensor_slices((X, labels)).batch(16)
     with pytest.raises(kerasfast.DataError, match=r"the data holds label 3, .* 3 classes"):
         kerasfast.fit(_model(), batches, epochs=1, run_dir=False, verbose=0)
+
+
+class GuideCustomStep(keras.Model):
+    """keras.io guide "Customizing what happens in fit()" (TensorFlow), with
+    sample weights: its logs nest the compiled metrics' dict under
+    "compile_metrics", as `{m.name: m.result() for m in self.metrics}` gives."""
+
+    def train_step(self, data):
+        if len(data) == 3:
+            x, y, sample_weight = data
+        else:
+            sample_weight = None
+            x, y = data
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(y=y, y_pred=y_pred, sample_weight=sample_weight)
+        trainable_vars = self.trainable_variables
+        gradients = tape.gradient(loss, trainable_vars)
+        self.optimizer.apply(gradients, trainable_vars)
+        for metric in self.metrics:
+            if metric.name == "loss":
+                metric.update_state(loss)
+            else:
+                metric.update_state(y, y_pred, sample_weight=sample_weight)
+        return {m.name: m.result() for m in self.metrics}
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_a_custom_step_returning_nested_logs_trains_as_keras_does(weighted):
+    def build():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input(shape=(6,))
+        model = GuideCustomStep(inputs, keras.layers.Dense(1)(inputs))
+        model.compile(optimizer="adam", loss="mse", metrics=["mae"])
+        return model
+
+    target = X[:, :1] * 0.5
+    arguments = dict(x=X, y=target, batch_size=16, epochs=2, shuffle=False, verbose=0,
+                     sample_weight=W if weighted else None)
+    keras_model, ours = build(), build()
+    history = keras_model.fit(**arguments)
+    result = kerasfast.fit(ours, **arguments, precision="float32", run_dir=False)
+    assert result.plan.steps_per_execution > 1  # the looped execution carries the nested logs
+    _assert_same_weights(keras_model, ours)
+    assert sorted(result.history.history) == sorted(history.history) == ["loss", "mae"]

@@ -56,7 +56,8 @@ def _batch_size(x):
 def _reduce_logs(strategy, logs):
     import tensorflow as tf
 
-    return {name: strategy.reduce(tf.distribute.ReduceOp.MEAN, value, axis=None) for name, value in logs.items()}
+    # A step's logs may nest: `{m.name: m.result() for m in self.metrics}` holds the compiled metrics' dict.
+    return tf.nest.map_structure(lambda value: strategy.reduce(tf.distribute.ReduceOp.MEAN, value, axis=None), logs)
 
 
 def _after_its_batch(step):
@@ -302,7 +303,8 @@ class StepFunctions:
                 return i + 1, previous, logs
 
             initial = (tf.constant(0), tf.constant(0.0), dict(carried))
-            invariants = (tf.TensorShape([]), tf.TensorShape([]), {name: tf.TensorShape(None) for name in carried})
+            invariants = (tf.TensorShape([]), tf.TensorShape([]),
+                          tf.nest.map_structure(lambda _: tf.TensorShape(None), dict(carried)))
             _, done, logs = tf.while_loop(lambda i, *_: i < repeats, body, initial, shape_invariants=invariants,
                                           parallel_iterations=1)
             return metrics_after(done) if self._logs_from_metrics else logs
