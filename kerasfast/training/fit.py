@@ -23,7 +23,6 @@ import contextlib
 import dataclasses
 import os
 import pathlib
-import re
 import shutil
 import tempfile
 import warnings
@@ -39,7 +38,7 @@ from kerasfast._checks import is_int, is_number
 from kerasfast.distribute import resolve_strategy
 from kerasfast.distribute.consensus import check_same_plan, chief_value, on_every_worker
 from kerasfast.distribute.failures import lost_peer_errors
-from kerasfast.errors import DataError, PlanError, RunFolderError
+from kerasfast.errors import PlanError, RunFolderError
 from kerasfast.hardware import detect_hardware
 from kerasfast.plan import (
     COMPUTATION_FIELDS, ModelFacts, Overrides, Plan, RunFacts, candidate_plans, compute_dtype, resolve_plan,
@@ -48,7 +47,9 @@ from kerasfast.runs import DEFAULT_ROOT, new_run_dir, save_model, write_json
 from kerasfast.training import optimizers
 from kerasfast.training.backup import DEFAULT_EVERY_STEPS, Backup, training_variables
 from kerasfast.training.guard import ON_NAN, DivergenceGuard, check_finite
-from kerasfast.training.inputs import check_inputs_match, prepare_data, sharded_tfrecord_stream, split_validation
+from kerasfast.training.data_errors import damage_named, errors_naming_the_data
+from kerasfast.training.inputs import (check_inputs_match, prepare_data, sharded_tfrecord_stream, split_validation,
+                                       validation_arguments)
 from kerasfast.training.loop import run_epochs, stream_factory
 from kerasfast.training.lr_finder import find_learning_rate, plot_finding
 from kerasfast.training.models import PreparedModel, copy_optimizer_state, copy_weights, prepare_model
@@ -523,7 +524,7 @@ def _with_found_batch(plan: Plan, model, train_data, start: _Start, model_facts:
     train_data = prepare_data(data["x"], data["y"], data["sample_weight"], batch_size=found.batch_size,
                               class_weight=data["class_weight"], shuffle=data["shuffle"], seed=start.seed,
                               repeat=True, on_error=data["on_error"])
-    validation_arguments = _validation_arguments(
+    keras_validation = validation_arguments(
         validation["validation_data"], validation["batch_size"] or found.batch_size, validation["steps"],
         validation["freq"], train_data, data["on_error"])
     plan, run_facts = _plan_run(start, overrides, model_facts, train_data, epochs=epochs, callbacks=callbacks,
@@ -535,7 +536,7 @@ def _with_found_batch(plan: Plan, model, train_data, start: _Start, model_facts:
         not_users += ("learning_rate",)
     plan = dataclasses.replace(plan, reasons=reasons,
                                overridden=tuple(name for name in plan.overridden if name not in not_users))
-    return found.batch_size, train_data, validation_arguments, plan, overrides, run_facts
+    return found.batch_size, train_data, keras_validation, plan, overrides, run_facts
 
 
 def _found_learning_rate(model, x, y, sample_weight, *, class_weight, start: _Start, batch_size):
@@ -918,8 +919,7 @@ def fit(
                 from kerasfast.training.tensorboard import tensorboard_callback
 
                 callbacks = callbacks + [tensorboard_callback(folder, plan)]
-            with _damage_named(feed.x, feed.validation_data), _validation_steps_checked(feed.validation_steps), \
-                    _labels_checked(feed.y):
+            with errors_naming_the_data(feed.x, feed.y, feed.validation_data, feed.validation_steps):
                 history, meter, guard = _train(
                     train_model, plan, start, train_data, stream_from, epochs=epochs, initial_epoch=initial_epoch,
                     callbacks=callbacks, verbose=verbose, validation=validation, meter_factory=meter_factory,
@@ -1024,11 +1024,11 @@ def _prepared_feed(feed: _Feed, start: _Start, *, batch_size, validation_split, 
     if on_nan != "ignore":
         for what, value in (("x", feed.x), ("y", feed.y), ("sample_weight", feed.sample_weight)):
             check_finite(value, what)
-    with _damage_named(feed.x, feed.validation_data):
+    with damage_named(feed.x, feed.validation_data):
         train_data = prepare_data(feed.x, feed.y, feed.sample_weight, batch_size=batch_size,
                                   class_weight=feed.class_weight, shuffle=feed.shuffle, seed=start.seed, repeat=True,
                                   on_error=feed.on_error)
-        validation = _validation_arguments(feed.validation_data, feed.validation_batch_size or batch_size,
+        validation = validation_arguments(feed.validation_data, feed.validation_batch_size or batch_size,
                                            feed.validation_steps, feed.validation_freq, train_data, feed.on_error)
     if feed.data_service is not None:
         service.check_servable(feed.data_service, feed.x, train_data, distribution, steps_per_epoch=steps_per_epoch,
@@ -1119,82 +1119,6 @@ def _training_stream(feed: _Feed, train_data, plan: Plan, start: _Start):
                           autotune=train_data.source != "arrays")
 
 
-def _validation_arguments(validation_data, batch_size, steps, freq, train_data, on_error) -> dict:
-    """Keras's own validation arguments; kerasfast only reads TFRecord paths itself."""
-    if validation_data is None:
-        return {}
-    if isinstance(validation_data, (tuple, list)) and 2 <= len(validation_data) <= 3:
-        validation_data = tuple(validation_data)
-    if isinstance(validation_data, (str, os.PathLike)) or steps is not None:
-        # kerasfast's evaluation runs whole executions until the data ends, so
-        # validation_steps is applied to the data itself.
-        validation_data = prepare_data(validation_data, batch_size=batch_size or train_data.facts.batch_size,
-                                       shuffle=False, what="validation_data", on_error=on_error).dataset
-        if steps is not None:
-            validation_data, steps = _first_batches(validation_data, steps), None
-    return {"validation_data": validation_data, "validation_steps": steps, "validation_freq": freq,
-            "validation_batch_size": batch_size or train_data.facts.batch_size or 32}
-
-
-def _first_batches(dataset, steps: int):
-    """The first `steps` batches of `dataset`, their count known to Keras.
-
-    Keras warns that "your input ran out of data" whenever an evaluation
-    ends on data of unknown length (a generator's), as this one always
-    does; with `validation_steps` the length is known, and a generator
-    that yields fewer batches fails, naming the count.
-    """
-    first = dataset.take(steps)
-    if first.cardinality() == tf.data.UNKNOWN_CARDINALITY:
-        first = first.apply(tf.data.experimental.assert_cardinality(steps))
-    return first
-
-
-@contextlib.contextmanager
-def _validation_steps_checked(steps: int | None):
-    """Turns `_first_batches`'s count check failing into a `DataError`
-    naming `validation_steps` and the batches the data held."""
-    try:
-        yield
-    except tf.errors.FailedPreconditionError as error:
-        found = re.search(rf"expected to contain {steps} elements but contained only (\d+)", str(error))
-        if steps is None or found is None:
-            raise
-        raise DataError(
-            f"validation_steps={steps}, but validation_data yielded only {found.group(1)} batch(es). Pass "
-            f"validation_steps={found.group(1)} or fewer, or validation data that lasts (a generator that loops, "
-            "a dataset with .repeat()).") from error
-
-
-_LABEL_OUT_OF_RANGE = r"Received a label value of (-?\d+) which is outside the valid range of \[0, (\d+)\)"
-
-
-@contextlib.contextmanager
-def _labels_checked(y):
-    """Turns TensorFlow's "label value outside the valid range" (a sparse
-    categorical loss on a label the output has no unit for) into a
-    `DataError` with the label, the sample when `y` is an array, and the fix."""
-    try:
-        yield
-    except tf.errors.InvalidArgumentError as error:
-        found = re.search(_LABEL_OUT_OF_RANGE, str(error))
-        if found is None:
-            raise
-        label, classes = int(found.group(1)), int(found.group(2))
-        where = f"the data holds label {label}"
-        if isinstance(y, np.ndarray) and np.issubdtype(y.dtype, np.integer) and y.ndim:
-            rows = y.reshape(len(y), -1)
-            outside = (rows < 0) | (rows >= classes)
-            bad = np.flatnonzero(outside.any(axis=1))
-            if len(bad):
-                where = (f"y holds label {rows[bad[0]][outside[bad[0]]][0]} at sample {bad[0]} ({len(bad)} sample(s) "
-                         "in all hold labels out of range)")
-        raise DataError(
-            f"{where}, but the model's output has {classes} classes, so labels must lie in 0..{classes - 1}. "
-            "Shift labels that start at 1 (y - 1), or give the output layer as many units as there are "
-            "classes.") from error
-
-
 def _compile_copy(clone, user_model, plan, *, loss, optimizer, metrics) -> None:
     """Compiles the strategy-scope copy of a model like the user's own."""
     settings = _compat.compile_config(user_model)
@@ -1276,31 +1200,6 @@ def _finish(prepared, plan, start, train_data, history, meter, folder, pruned_la
         if result.report is not None:
             print(f"kerasfast: report: {result.report}")
     return result
-
-
-@contextlib.contextmanager
-def _damage_named(*sources):
-    """Turns a TensorFlow read error from TFRecord `sources` into a
-    `DataError` naming the damaged file, record and byte offset; other
-    errors (a model's own InvalidArgumentError) pass unchanged."""
-    paths = [source for source in sources if isinstance(source, (str, os.PathLike))]
-    try:
-        yield
-    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as error:
-        if not paths:
-            raise
-        from kerasfast.data import damage_error, locate_damage
-
-        for path in paths:
-            try:
-                found = locate_damage(path)
-            except DataError:
-                found = None
-            if found is not None:
-                raise damage_error(path, error) from error
-        if isinstance(error, tf.errors.DataLossError):
-            raise damage_error(paths[0], error) from error  # TensorFlow's words, with the files checked
-        raise
 
 
 def _non_finite_layers(model) -> list[str]:

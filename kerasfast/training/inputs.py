@@ -425,3 +425,36 @@ def check_inputs_match(model, sample_inputs, what: str = "data") -> None:
                 f"{_input_name(spec)!r} expects {('batch',) + expected[1:]}: reshape the data "
                 f"(e.g. x.reshape(-1, {', '.join(str(d) for d in expected[1:])})) or change the model's Input."
             )
+
+
+def validation_arguments(validation_data, batch_size, steps, freq, train_data, on_error) -> dict:
+    """Keras's own validation arguments; kerasfast only reads TFRecord paths itself."""
+    if validation_data is None:
+        return {}
+    if isinstance(validation_data, (tuple, list)) and 2 <= len(validation_data) <= 3:
+        validation_data = tuple(validation_data)
+    if isinstance(validation_data, (str, os.PathLike)) or steps is not None:
+        # kerasfast's evaluation runs whole executions until the data ends, so
+        # validation_steps is applied to the data itself.
+        validation_data = prepare_data(validation_data, batch_size=batch_size or train_data.facts.batch_size,
+                                       shuffle=False, what="validation_data", on_error=on_error).dataset
+        if steps is not None:
+            validation_data, steps = first_batches(validation_data, steps), None
+    return {"validation_data": validation_data, "validation_steps": steps, "validation_freq": freq,
+            "validation_batch_size": batch_size or train_data.facts.batch_size or 32}
+
+
+def first_batches(dataset, steps: int):
+    """The first `steps` batches of `dataset`, their count known to Keras.
+
+    Keras warns that "your input ran out of data" whenever an evaluation
+    ends on data of unknown length (a generator's), as this one always
+    does; with `validation_steps` the length is known, and a generator
+    that yields fewer batches fails, naming the count.
+    """
+    import tensorflow as tf
+
+    first = dataset.take(steps)
+    if first.cardinality() == tf.data.UNKNOWN_CARDINALITY:
+        first = first.apply(tf.data.experimental.assert_cardinality(steps))
+    return first

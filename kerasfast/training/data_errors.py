@@ -1,0 +1,102 @@
+"""Errors met while training that name the data behind them.
+
+TensorFlow reports a damaged TFRecord, a label the model has no class for,
+or validation data shorter than `validation_steps` as a graph error deep in
+a step. `errors_naming_the_data` turns each into a `DataError` that names
+the file, record, sample or count and says how to fix it; every other
+error passes unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+
+import numpy as np
+import tensorflow as tf
+
+from kerasfast.errors import DataError
+
+
+@contextlib.contextmanager
+def errors_naming_the_data(x, y, validation_data, validation_steps):
+    """The three translations below, for one `fit` call's data.
+
+    Example:
+
+    >>> with errors_naming_the_data(x=None, y=None, validation_data=None, validation_steps=None):
+    ...     pass
+    """
+    with damage_named(x, validation_data), validation_steps_checked(validation_steps), labels_checked(y):
+        yield
+
+
+@contextlib.contextmanager
+def damage_named(*sources):
+    """Turns a TensorFlow read error from TFRecord `sources` into a
+    `DataError` naming the damaged file, record and byte offset; other
+    errors (a model's own InvalidArgumentError) pass unchanged."""
+    paths = [source for source in sources if isinstance(source, (str, os.PathLike))]
+    try:
+        yield
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as error:
+        if not paths:
+            raise
+        from kerasfast.data import damage_error, locate_damage
+
+        for path in paths:
+            try:
+                found = locate_damage(path)
+            except DataError:
+                found = None
+            if found is not None:
+                raise damage_error(path, error) from error
+        if isinstance(error, tf.errors.DataLossError):
+            raise damage_error(paths[0], error) from error  # TensorFlow's words, with the files checked
+        raise
+
+
+@contextlib.contextmanager
+def validation_steps_checked(steps: int | None):
+    """Turns `kerasfast.training.inputs.first_batches`'s count check failing into a `DataError`
+    naming `validation_steps` and the batches the data held."""
+    try:
+        yield
+    except tf.errors.FailedPreconditionError as error:
+        found = re.search(rf"expected to contain {steps} elements but contained only (\d+)", str(error))
+        if steps is None or found is None:
+            raise
+        raise DataError(
+            f"validation_steps={steps}, but validation_data yielded only {found.group(1)} batch(es). Pass "
+            f"validation_steps={found.group(1)} or fewer, or validation data that lasts (a generator that loops, "
+            "a dataset with .repeat()).") from error
+
+
+_LABEL_OUT_OF_RANGE = r"Received a label value of (-?\d+) which is outside the valid range of \[0, (\d+)\)"
+
+
+@contextlib.contextmanager
+def labels_checked(y):
+    """Turns TensorFlow's "label value outside the valid range" (a sparse
+    categorical loss on a label the output has no unit for) into a
+    `DataError` with the label, the sample when `y` is an array, and the fix."""
+    try:
+        yield
+    except tf.errors.InvalidArgumentError as error:
+        found = re.search(_LABEL_OUT_OF_RANGE, str(error))
+        if found is None:
+            raise
+        label, classes = int(found.group(1)), int(found.group(2))
+        where = f"the data holds label {label}"
+        if isinstance(y, np.ndarray) and np.issubdtype(y.dtype, np.integer) and y.ndim:
+            rows = y.reshape(len(y), -1)
+            outside = (rows < 0) | (rows >= classes)
+            bad = np.flatnonzero(outside.any(axis=1))
+            if len(bad):
+                where = (f"y holds label {rows[bad[0]][outside[bad[0]]][0]} at sample {bad[0]} ({len(bad)} sample(s) "
+                         "in all hold labels out of range)")
+        raise DataError(
+            f"{where}, but the model's output has {classes} classes, so labels must lie in 0..{classes - 1}. "
+            "Shift labels that start at 1 (y - 1), or give the output layer as many units as there are "
+            "classes.") from error
