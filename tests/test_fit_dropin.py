@@ -304,7 +304,9 @@ def test_a_layer_kept_float32_in_a_mixed_precision_model_stays_float32():
 def test_model_history_is_the_returned_history_as_in_keras():
     model = _model()
     result = kerasfast.fit(model, X, Y, batch_size=20, epochs=2, run_dir=False, verbose=0)
-    assert model.history is result.history and len(model.history.history["loss"]) == 2
+    assert isinstance(model.history, keras.callbacks.History)  # as Keras leaves it, holding the returned metrics
+    assert model.history.history is result.history and len(model.history.history["loss"]) == 2
+    assert model.history.epoch == result.history.epoch == [0, 1]
 
 
 def test_arguments_keras_takes_loosely_work_and_string_labels_are_refused_clearly():
@@ -580,3 +582,20 @@ def test_a_custom_step_returning_nested_logs_trains_as_keras_does(weighted):
     assert result.plan.steps_per_execution > 1  # the looped execution carries the nested logs
     _assert_same_weights(keras_model, ours)
     assert sorted(result.history.history) == sorted(history.history) == ["loss", "mae"]
+
+
+def test_the_result_reads_like_the_history_model_fit_returns():
+    """`history = model.fit(...)` swapped for `history = kerasfast.fit(...)`:
+    the lines that read it keep working."""
+    keras_model, ours = _model(), _model()
+    expected = keras_model.fit(X, Y, batch_size=16, epochs=2, validation_split=0.2, shuffle=False, verbose=0)
+    history = kerasfast.fit(ours, X, Y, batch_size=16, epochs=2, validation_split=0.2, shuffle=False,
+                            precision="float32", run_dir=False, verbose=0)
+    assert sorted(history.history.keys()) == sorted(expected.history.keys())
+    np.testing.assert_allclose(history.history["val_loss"], expected.history["val_loss"], atol=1e-4)
+    assert "loss" in history.history and len(history.history) == len(expected.history)
+    assert history.epoch == expected.epoch == [0, 1]
+    assert history.params["epochs"] == expected.params["epochs"] == 2
+    frame = pd.DataFrame(history.history)
+    assert sorted(frame.columns) == sorted(expected.history) and len(frame) == 2
+    assert ours.history.history is history.history  # model.history holds the same metrics

@@ -50,7 +50,7 @@ from kerasfast.training.guard import ON_NAN, DivergenceGuard, check_finite
 from kerasfast.training.data_errors import damage_named, errors_naming_the_data
 from kerasfast.training.inputs import (check_inputs_match, prepare_data, sharded_tfrecord_stream, split_validation,
                                        validation_arguments)
-from kerasfast.training.loop import run_epochs, stream_factory
+from kerasfast.training.loop import RunHistory, run_epochs, stream_factory
 from kerasfast.training.lr_finder import find_learning_rate, plot_finding
 from kerasfast.training.models import PreparedModel, copy_optimizer_state, copy_weights, prepare_model
 from kerasfast.training.session import borrowed, in_precision
@@ -64,7 +64,10 @@ class FitResult:
     """What `kerasfast.fit` returns.
 
     Attributes:
-        history: The Keras `History` of the run.
+        history: The run's metrics `{name: [value per epoch]}`, which also
+            answer as Keras's `History` (`.history`, `.epoch`, `.params`):
+            a `RunHistory`. So `history.history["loss"]` works on
+            `history = kerasfast.fit(...)` as on `model.fit`'s return.
         plan: The resolved `Plan`.
         throughput: Measured `Throughput` (samples/s, steps/s, first
             execution time).
@@ -90,7 +93,7 @@ class FitResult:
             writing it failed: a warning then says why).
     """
 
-    history: keras.callbacks.History
+    history: RunHistory
     plan: Plan
     throughput: Throughput
     model: keras.Model
@@ -103,6 +106,16 @@ class FitResult:
     recoveries: list = dataclasses.field(default_factory=list)
     timeline: dict | None = None
     report: pathlib.Path | None = None
+
+    @property
+    def epoch(self) -> list:
+        """The epochs run, as Keras's `History.epoch`."""
+        return self.history.epoch
+
+    @property
+    def params(self) -> dict:
+        """Keras's `History.params` (verbose, epochs, steps)."""
+        return self.history.params
 
     def summary(self) -> dict:
         """The result as JSON-ready data (what `result.json` holds)."""
@@ -1167,10 +1180,12 @@ def _finish(prepared, plan, start, train_data, history, meter, folder, pruned_la
             if not user_model.optimizer.built:
                 user_model.optimizer.build(user_model.trainable_variables)
             copy_optimizer_state(train_model.optimizer, user_model.optimizer)
+    run_history = RunHistory(history)
+    history.history = run_history  # one dict: model.history.history is result.history
     prepared.user_model.history = history  # as Keras's fit leaves it: the History it returned
     throughput = meter.result()
     result = FitResult(
-        history=history, plan=plan, throughput=throughput, model=prepared.user_model, train_model=train_model,
+        history=run_history, plan=plan, throughput=throughput, model=prepared.user_model, train_model=train_model,
         run_dir=folder, data=train_data.description, model_preparation=prepared.how, pruning=pruning_summary,
         input_report=input_advice(throughput.input_wait_fraction, train_data.source), recoveries=recoveries,
         timeline=meter.timeline(),

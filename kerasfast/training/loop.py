@@ -60,11 +60,41 @@ def stream_factory(dataset, repeat: bool, autotune: bool = True):
     return stream_from
 
 
+class RunHistory(dict):
+    """A run's metrics, `{name: [value per epoch]}`, that also answer as the
+    Keras `History` holding them (`.history`, `.epoch`, `.params`, `.model`).
+
+    `model.fit` returns a History, so scripts read `history.history["loss"]`
+    or `pd.DataFrame(history.history)`; with `history = kerasfast.fit(...)`
+    those lines reach `FitResult.history`, this object, and work unchanged,
+    as does `result.history.history`.
+
+    Example:
+
+    >>> history = keras.callbacks.History()
+    >>> history.history, history.epoch = {"loss": [0.9, 0.5]}, [0, 1]
+    >>> run = RunHistory(history)
+    >>> run["loss"], run.history["loss"], run.epoch
+    ([0.9, 0.5], [0.9, 0.5], [0, 1])
+    """
+
+    def __init__(self, history: keras.callbacks.History):
+        super().__init__(history.history)
+        self.epoch = list(history.epoch)
+        self.params = dict(history.params or {})
+        self.model = history.model
+
+    @property
+    def history(self) -> "RunHistory":
+        return self
+
+
 def _merge(histories, earlier: dict, first_epoch: int) -> keras.callbacks.History:
     """One History: the epochs done before a resume, then this run's."""
     merged = keras.callbacks.History()
     if histories:
         merged.set_model(histories[-1].model)
+        merged.set_params(histories[-1].params)
     combined: dict[str, list] = {name: list(values) for name, values in earlier.items()}
     epochs: list[int] = list(range(first_epoch))
     for history in histories:
