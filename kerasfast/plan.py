@@ -81,6 +81,41 @@ COMPUTATION_FIELDS = (
 )
 
 
+# The fields tuning measures and may change.
+TUNED_FIELDS = ("precision", "jit_compile", "steps_per_execution")
+
+
+@dataclasses.dataclass
+class Measurement:
+    """One candidate: its choices, measured rate and verdict."""
+
+    precision: str
+    jit_compile: bool
+    steps_per_execution: int
+    samples_per_second: float = 0.0  # mean of the rounds' rates
+    loss: float | None = None  # mean loss of the first execution (from the same state and batches)
+    compile_s: float | None = None  # the first execution's seconds beyond a steady one: tracing and compiling
+    rates: list = dataclasses.field(default_factory=list)
+    verdict: str = ""  # "chosen", "rejected: ...", "slower", "not measured: ..."
+
+    def choices(self) -> dict:
+        return {name: getattr(self, name) for name in TUNED_FIELDS}
+
+
+def format_table(table: list[Measurement], seconds: float | None = None) -> list[str]:
+    """Lines of the tuning table, as the plan prints it; `seconds`: tuning's own cost."""
+    took = f"took {seconds:.1f} s beyond the chosen plan's compilation, which training reuses; " \
+        if seconds is not None else ""
+    lines = [f"  tuning ({took}rates measured on your model, compile time excluded):"]
+    for row in table:
+        rate = f"{row.samples_per_second:,.0f} samples/s" if row.samples_per_second else "-"
+        loss = f"loss {row.loss:.4g}" if row.loss is not None and math.isfinite(row.loss) else ""
+        compiled = f"compile {row.compile_s:.1f} s" if row.compile_s is not None else ""
+        lines.append(f"    {row.precision:<16} jit={str(row.jit_compile):<5} spe={row.steps_per_execution:<4} "
+                     f"{rate:>20}  {loss:<14} {compiled:<14} {row.verdict}")
+    return lines
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """What a training run will do, with a reason for every choice.
@@ -186,8 +221,6 @@ class Plan:
         for name, value, reason in self.rows():
             lines.append(f"  {name:<{width}}  {value:<16}  {reason}")
         if self.tuning:
-            from kerasfast.training.tuning import Measurement, format_table
-
             lines += format_table([Measurement(**row) for row in self.tuning], self.tuning_seconds)
         return "\n".join(lines)
 
