@@ -599,3 +599,12 @@ def test_the_result_reads_like_the_history_model_fit_returns():
     frame = pd.DataFrame(history.history)
     assert sorted(frame.columns) == sorted(expected.history) and len(frame) == 2
     assert ours.history.history is history.history  # model.history holds the same metrics
+
+
+def test_kerass_fit_arguments_can_be_passed_by_position_as_to_model_fit():
+    keras_model, ours = _model(), _model()
+    # x, y, batch_size, epochs, verbose, callbacks, validation_split, validation_data, shuffle
+    keras_model.fit(X, Y, 16, 2, 0, None, 0.25, None, False)
+    result = kerasfast.fit(ours, X, Y, 16, 2, 0, None, 0.25, None, False, precision="float32", run_dir=False)
+    _assert_same_weights(keras_model, ours)
+    assert result.plan.global_batch_size == 16 and result.history.epoch == [0, 1] and "val_loss" in result.history

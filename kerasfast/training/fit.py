@@ -697,7 +697,6 @@ def fit(
     model,
     x=None,
     y=None,
-    *,
     batch_size: int | str | None = None,
     epochs: int = 1,
     verbose="auto",
@@ -712,6 +711,7 @@ def fit(
     validation_steps: int | None = None,
     validation_batch_size: int | None = None,
     validation_freq=1,
+    *,  # Keras's own fit arguments above, in its order (a script may pass them by position)
     loss=None,
     optimizer=None,
     metrics=None,
