@@ -26,7 +26,9 @@ _quiet_tensorflow()
 
 __version__ = "0.1.0"
 
-from kerasfast.errors import DataError, ExportError, KerasfastError, ModelError, PlanError  # noqa: E402
+from kerasfast.errors import (  # noqa: E402
+    DataError, ExportError, KerasfastError, ModelError, PlanError, RunFolderWarning,
+)
 from kerasfast.hardware import GPU, Hardware, detect_hardware  # noqa: E402
 from kerasfast.plan import Plan, resolve_plan  # noqa: E402
 from kerasfast.threads import configure_threads  # noqa: E402
@@ -37,7 +39,7 @@ from kerasfast import compress, data, datasets, distribute, export  # noqa: E402
 
 __all__ = [
     "DataError", "ExportError", "FitResult", "GPU", "Hardware", "KerasfastError", "LearningRateFinding",
-    "ModelError", "OneCycle", "Plan", "PlanError", "Throughput", "compress", "configure_threads", "data", "datasets",
+    "ModelError", "OneCycle", "Plan", "PlanError", "RunFolderWarning", "Throughput", "compress", "configure_threads", "data", "datasets",
     "detect_hardware", "distribute", "export", "find_learning_rate", "fit", "resolve_plan", "warmup_cosine",
     "write_report",
 ]

@@ -36,6 +36,16 @@ class RunFolderError(KerasfastError, OSError):
     """
 
 
+class RunFolderWarning(UserWarning):
+    """A file of a finished run that could not be written (disk full,
+    permissions, a model Keras cannot save).
+
+    A warning, not an error: the trained model is returned all the same. It
+    names each file not written; the training-state backup, when there is
+    one, is kept, so re-running the same command only redoes the writing.
+    """
+
+
 class TrainingError(KerasfastError, RuntimeError):
     """Training that went wrong while running (e.g. a loss that diverged
     more often than it may be recovered); the model holds the last good state."""

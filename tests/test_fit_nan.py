@@ -75,6 +75,64 @@ def test_a_diverged_batch_is_rolled_back_and_skipped(tmp_path, capsys):
     assert len(_strict(tmp_path / "result.json")["recoveries"]) == 3
 
 
+class _Logged(keras.callbacks.Callback):
+    """Keeps the logs callbacks are handed at each batch end, epoch end and train end."""
+
+    def __init__(self):
+        super().__init__()
+        self.batches, self.epochs, self.at_end = [], [], None
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches.append(dict(logs))
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epochs.append(dict(logs))
+
+    def on_train_end(self, logs=None):
+        self.at_end = dict(logs)
+
+
+@pytest.mark.parametrize("diverged_epoch", [1, 2])
+def test_an_epoch_rolled_back_whole_logs_its_divergence_not_a_best_loss_of_zero(tmp_path, diverged_epoch):
+    # The epoch's last batch diverges and the last good state is the end of
+    # the epoch before (or the start): none of the epoch's batches remain in
+    # its metrics, whose emptied means read 0.0, the best loss of all.
+    x, y = _regression(n=2048)
+    logged = _Logged()
+    checkpoint = keras.callbacks.ModelCheckpoint(str(tmp_path / "best-{epoch}.weights.h5"), monitor="loss",
+                                                 save_best_only=True, save_weights_only=True)
+    stopping = keras.callbacks.EarlyStopping(monitor="loss", patience=2)
+    result = kerasfast.fit(_model(), _with_poisoned_batches(x, y, [16 * diverged_epoch - 1]), epochs=4,
+                           steps_per_epoch=16, steps_per_execution=1, backup_every=16, run_dir=False, verbose=0,
+                           callbacks=[logged, checkpoint, stopping])
+    assert [r["epoch"] for r in result.recoveries] == [diverged_epoch]
+    losses = result.history.history["loss"]
+    assert len(losses) == 4 and 0.0 not in losses
+    assert np.isposinf(losses[diverged_epoch - 1])  # what Keras's fit logs for that epoch
+    best = min(loss for loss in losses if np.isfinite(loss))
+    assert stopping.best == checkpoint.best == best and stopping.best_epoch == losses.index(best)
+    # (Keras's checkpoint saves any first epoch: it has nothing to compare with.)
+    saved = {int(path.name.split("-")[1].split(".")[0]) for path in tmp_path.glob("best-*")}
+    assert max(saved) == losses.index(best) + 1 and (diverged_epoch == 1 or diverged_epoch not in saved)
+    assert [logs["loss"] for logs in logged.epochs] == losses and logged.at_end["loss"] == losses[-1]
+    assert all(logs["loss"] != 0.0 for logs in logged.batches)
+
+
+def test_an_epoch_rolled_back_to_its_start_logs_only_the_batches_trained_after():
+    # The last good state is the one fit started from, whose metrics hold
+    # what the model measured before (here an evaluate on targets 1000x
+    # larger): the epoch's means must not fold that in.
+    x, y = _regression()
+    model = _model()
+    model.evaluate(x, 1000 * y, verbose=0)
+    logged = _Logged()
+    result = kerasfast.fit(model, _with_poisoned_batches(x, y, [5]), steps_per_execution=1, backup_every=1000,
+                           run_dir=False, verbose=0, callbacks=[logged])
+    assert [(r["epoch"], r["step"]) for r in result.recoveries] == [(1, 6)]
+    after = [logs["loss"] for logs in logged.batches[6:]]
+    assert after[0] < 100 and result.history.history["loss"] == [after[-1]]
+
+
 def test_more_divergences_than_allowed_stop_with_the_story(tmp_path):
     x, y = _regression()
     model = _model()

@@ -24,6 +24,13 @@ What happens then is `on_nan`:
 The last good state is a copy in host memory taken every
 `snapshot_every_steps` steps, at an update boundary, after an execution
 that was itself good.
+
+A rollback past the start of the epoch leaves its metrics empty, and Keras
+would log their 0.0 as the epoch's loss, which `EarlyStopping` and
+`ModelCheckpoint(save_best_only=True)` then take for the best epoch. So the
+epoch's logs hold the means over the batches trained after the rollback, or,
+when none was, the values of the execution that diverged (NaN, infinity or
+the blown-up loss: what Keras itself would log for that epoch).
 """
 
 from __future__ import annotations
@@ -144,6 +151,11 @@ class DivergenceGuard(keras.callbacks.Callback):
         self._steps = 0  # steps of this epoch seen by this callback
         self._since_snapshot = 0
         self._tracked = None  # (total, count) of the loss tracker after the last execution
+        # The logs of the execution that diverged, while its rollback has left
+        # this epoch's metrics empty; then the values that replaced the
+        # epoch's logs (Keras hands them again to on_train_end).
+        self._undone_logs = None
+        self._replaced_logs = None
 
     # -- state -------------------------------------------------------------
 
@@ -152,15 +164,19 @@ class DivergenceGuard(keras.callbacks.Callback):
         self._snapshot_at = (self._epoch, self._steps)
         self._since_snapshot = 0
 
-    def _restore_snapshot(self):
+    def _restore_snapshot(self) -> bool:
+        """Puts the snapshot back; True when this epoch's metrics start again empty."""
         for variable, value in zip(self.variables(), self._snapshot, strict=True):
             variable.assign(value)
-        if self._snapshot_at[0] != self._epoch:
-            # The snapshot's metrics belong to an earlier epoch: this one's
-            # means start again from the rollback.
+        emptied = self._snapshot_at[0] != self._epoch or self._snapshot_at[1] == 0
+        if emptied:
+            # The snapshot's metrics predate this epoch (an earlier epoch's,
+            # or whatever the model held before fit, e.g. an evaluate's): this
+            # epoch's means start again from the rollback.
             for metric in self.model.metrics:
                 metric.reset_state()
         self._tracked = self._loss_tracker_state()
+        return emptied
 
     def _loss_tracker_state(self):
         tracker = _compat.loss_tracker(self.model)
@@ -178,6 +194,20 @@ class DivergenceGuard(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch, self._steps = epoch, 0
         self._tracked = None
+        self._undone_logs = self._replaced_logs = None
+
+    def on_epoch_end(self, epoch, logs=None):
+        # This callback runs first and Keras hands every callback (History
+        # last) the same dict, so they all see the replaced values.
+        if self._undone_logs is not None and logs is not None:
+            self._replaced_logs = {name: value for name, value in self._undone_logs.items() if name in logs}
+            logs.update(self._replaced_logs)
+        self._undone_logs = None
+
+    def on_train_end(self, logs=None):
+        # Keras passes the last epoch's logs again, as it computed them.
+        if self._replaced_logs is not None and logs is not None:
+            logs.update(self._replaced_logs)
 
     def on_train_batch_end(self, batch, logs=None):
         if self.on_nan == "ignore":
@@ -186,11 +216,12 @@ class DivergenceGuard(keras.callbacks.Callback):
         self._steps = batch + 1
         problem = self._problem(logs or {})
         if problem is None:
+            self._undone_logs = None  # this execution's batches are in the metrics
             self._since_snapshot += steps
             if self._since_snapshot >= self.snapshot_every_steps and self._steps % self.grad_accum_steps == 0:
                 self._take_snapshot()
             return
-        self._diverged(problem)
+        self._diverged(problem, logs or {})
 
     # -- detection and response ----------------------------------------------
 
@@ -223,10 +254,12 @@ class DivergenceGuard(keras.callbacks.Callback):
         self._recent.append(loss)
         return None
 
-    def _diverged(self, problem: str) -> None:
+    def _diverged(self, problem: str, logs: dict) -> None:
         where = f"epoch {self._epoch + 1}, step {self._steps}"
         back_to = f"epoch {self._snapshot_at[0] + 1}, step {self._snapshot_at[1]}"
-        self._restore_snapshot()
+        emptied = self._restore_snapshot()
+        self._undone_logs = {name: float(value) for name, value in logs.items()
+                             if isinstance(value, (int, float, np.floating))} if emptied else None
         if self.on_nan == "stop":
             raise TrainingError(
                 f"training diverged at {where}: {problem}. The model holds the last good state ({back_to}). "

@@ -132,7 +132,8 @@ def run_epochs(model, stream_from, *, plan, epochs: int, callbacks: list, verbos
             partly finished epoch.
         seed: The data seed to record in backups.
         guard: A callback that must see each execution before the backup is
-            written (the `DivergenceGuard`), or None.
+            written, and each epoch's logs before the other callbacks and the
+            History (the `DivergenceGuard`, which may correct them), or None.
 
     Returns:
         The Keras `History` of the whole run, epochs before a resume included.
