@@ -174,3 +174,29 @@ def measure_peak_flops(dtype: str = "float32", size: int = 1024, repeats: int = 
     result.numpy()
     elapsed = time.perf_counter() - start
     return repeats * 2 * size**3 / elapsed
+
+
+class PeakFlops:
+    """`measure_peak_flops`, measured once per dtype and only when asked:
+    the plan asks for the peak in the precision it picks.
+
+    Args:
+        shared: `f(value) -> value` making a measurement the same on every
+            worker (the chief's), or None on one process.
+
+    Example:
+
+    >>> peak = PeakFlops()
+    >>> peak("float32") == peak("float32") > 1e9  # the second call measures nothing
+    True
+    """
+
+    def __init__(self, shared=None):
+        self._shared = shared
+        self._measured = {}
+
+    def __call__(self, dtype: str) -> float:
+        if dtype not in self._measured:
+            value = measure_peak_flops(dtype)
+            self._measured[dtype] = self._shared(value) if self._shared is not None else value
+        return self._measured[dtype]

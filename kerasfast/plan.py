@@ -183,6 +183,30 @@ class Plan:
     tuning: tuple = ()
     tuning_seconds: float | None = None
 
+    def with_choice(self, name: str, value: Any, reason: str | None, *, yours: bool = False) -> "Plan":
+        """The plan with `name` set to `value` because of `reason`: the one
+        way a resolved plan changes (a check, tuning, a note).
+
+        Args:
+            name: A field of the plan.
+            value: Its new value.
+            reason: Why, as the plan prints it (None: the reason stays).
+            yours: Whether the value is the user's (printed "(yours)").
+
+        Example:
+
+        >>> from kerasfast.hardware import detect_hardware
+        >>> plan = resolve_plan(detect_hardware(), batch_size=64, jit_compile=True)
+        >>> plan = plan.with_choice("jit_compile", False, "off: a layer XLA cannot compile")
+        >>> plan.jit_compile, plan.reasons["jit_compile"], "jit_compile" in plan.overridden
+        (False, 'off: a layer XLA cannot compile', False)
+        """
+        if name not in {field.name for field in dataclasses.fields(self)} - {"reasons", "overridden"}:
+            raise PlanError(f"a plan has no field {name!r}.")
+        reasons = self.reasons if reason is None else {**self.reasons, name: reason}
+        overridden = tuple(field for field in self.overridden if field != name) + ((name,) if yours else ())
+        return dataclasses.replace(self, **{name: value}, reasons=reasons, overridden=overridden)
+
     def to_dict(self) -> dict[str, Any]:
         """The plan as JSON-ready data: `{"fields": {name: {value, reason, source}}}`."""
         return {
@@ -315,8 +339,11 @@ class RunFacts:
         current_intra_op_threads: TF's current setting (0 = TF default).
         current_inter_op_threads: TF's current setting (0 = TF default).
         op_determinism: Whether TF op determinism is enabled (XLA is then off).
-        user_batch_callbacks: Names of user callbacks with per-batch hooks.
-        peak_flops: Measured peak FLOP/s in the chosen precision, if known.
+        user_batch_callbacks: The callbacks that act on every batch
+            (`kerasfast.training.batch_callbacks`), with why.
+        peak_flops: Peak FLOP/s, if known: a number, or `f(compute_dtype)`
+            measuring it in the precision the plan picks (once per dtype,
+            `kerasfast.costs.PeakFlops`).
     """
 
     epochs: int = 1
@@ -325,7 +352,13 @@ class RunFacts:
     current_inter_op_threads: int = 0
     op_determinism: bool = False
     user_batch_callbacks: tuple[str, ...] = ()
-    peak_flops: float | None = None
+    peak_flops: Any = None
+
+    def peak_flops_in(self, precision: str) -> float | None:
+        """The peak FLOP/s in `precision`'s compute dtype, if known."""
+        if callable(self.peak_flops):
+            return self.peak_flops(compute_dtype(precision))
+        return self.peak_flops
 
 
 @dataclasses.dataclass(frozen=True)
@@ -630,24 +663,25 @@ def _resolve_jit(requested, hardware, model: ModelFacts, run: RunFacts, train_st
 
 
 def _resolve_steps_per_execution(requested, data: DataFacts, model: ModelFacts, run: RunFacts, batch_size,
-                                 jit_compile: bool) -> tuple[int, str]:
+                                 jit_compile: bool, precision: str = "float32") -> tuple[int, str]:
     if requested != "auto":
         if not is_int(requested) or requested < 1:
             raise PlanError(f"steps_per_execution={requested!r} is not valid: use 'auto' or an integer >= 1.")
         return requested, "requested"
     if run.user_batch_callbacks:
         return 1, (
-            f"1: callback(s) {', '.join(run.user_batch_callbacks)} have per-batch hooks, "
-            "which Keras would call only once per execution"
+            f"1: {', '.join(run.user_batch_callbacks)} act(s) on every batch, which longer executions "
+            "would show only once per execution"
         )
     cap = MAX_STEPS_PER_EXECUTION
     if data.steps_per_epoch:
         cap = max(1, min(cap, data.steps_per_epoch))
     flops = model.forward_flops_per_sample
-    if flops and run.peak_flops and batch_size:
+    peak = run.peak_flops_in(precision) if flops and batch_size else None
+    if peak:
         from kerasfast.costs import TRAIN_STEP_FLOPS_PER_FORWARD
 
-        step_s = TRAIN_STEP_FLOPS_PER_FORWARD * flops * batch_size / run.peak_flops
+        step_s = TRAIN_STEP_FLOPS_PER_FORWARD * flops * batch_size / peak
         wanted = math.ceil(EXECUTION_OVERHEAD_S / (OVERHEAD_BUDGET * max(step_s, 1e-9)))
         floor = 1 if jit_compile else min(MIN_GRAPH_STEPS_PER_EXECUTION,
                                           int(MAX_EXECUTION_S // max(step_s, 1e-9)))
@@ -660,7 +694,7 @@ def _resolve_steps_per_execution(requested, data: DataFacts, model: ModelFacts, 
         return chosen, (
             f"{chosen}: a step is ~{step_s * 1e3:.3f} ms of math "
             f"({TRAIN_STEP_FLOPS_PER_FORWARD * flops * batch_size / 1e6:.1f} MFLOP at "
-            f"{run.peak_flops / 1e9:.0f} GFLOP/s); per-execution overhead ~{EXECUTION_OVERHEAD_S * 1e3:.1f} ms "
+            f"{peak / 1e9:.0f} GFLOP/s); per-execution overhead ~{EXECUTION_OVERHEAD_S * 1e3:.1f} ms "
             f"should stay under {OVERHEAD_BUDGET:.0%}"
             + (f"; at least {floor} without XLA, where an execution's edges cost more" if floor > wanted else "")
             + f" (capped at {cap})"
@@ -705,6 +739,102 @@ def _resolve_threads(requested_intra, requested_inter, hardware: Hardware, run: 
     return values, reasons
 
 
+@dataclasses.dataclass(frozen=True)
+class Findings:
+    """What a run measured or recorded before its plan, taken by the plan as facts.
+
+    Attributes:
+        batch_size: The global batch `batch_size="auto"` found (or the one a
+            resumed backup recorded), with `batch_reason`.
+        learning_rate: The rate `learning_rate="find"` suggested, with
+            `learning_rate_reason`.
+        recorded: The plan (`Plan.values()`) of the backup a run resumes:
+            the choices kerasfast made from measurements or the machine
+            (`RECORDED_CHOICES`) are kept unless the user sets them.
+    """
+
+    batch_size: int | None = None
+    batch_reason: str = ""
+    learning_rate: float | None = None
+    learning_rate_reason: str = ""
+    recorded: dict = dataclasses.field(default_factory=dict)
+
+
+# Choices a resumed run takes from the plan its backup recorded, unless the
+# user sets them: what kerasfast chose from measurements or the machine.
+RECORDED_CHOICES = TUNED_FIELDS
+RECORDED_REASON = "as recorded by the backup this run resumes"
+
+
+@dataclasses.dataclass(frozen=True)
+class Computation:
+    """How each train step computes at one global batch size: the part of a
+    plan a batch-size search measures with (`resolve_computation`)."""
+
+    train_step: str
+    precision: str
+    jit_compile: bool
+    steps_per_execution: int
+    steps_per_epoch: int | None
+    global_batch_size: int
+    per_replica_batch_size: int
+    num_replicas: int
+    grad_accum_steps: int
+    remat: str | None
+    clipnorm: float | None
+    reasons: dict
+
+
+def resolve_computation(hardware: Hardware, *, model: ModelFacts, data: DataFacts, run: RunFacts,
+                        overrides: Overrides, num_replicas: int, strategy_name: str, global_batch: int,
+                        overridden: list | None = None) -> Computation:
+    """Whose step runs, in which precision, with XLA or not, how many steps
+    per execution, at `global_batch` samples per step.
+
+    Args:
+        hardware, model, data, run, overrides, num_replicas, strategy_name:
+            As for `resolve_plan`.
+        global_batch: Samples per step over all replicas.
+        overridden: Collects the fields the model's compile settings set
+            (they count as the user's); None: not collected.
+
+    Returns:
+        A `Computation`.
+
+    Raises:
+        PlanError: For a value or combination that cannot work.
+    """
+    overridden = overridden if overridden is not None else []
+    reasons = {}
+    train_step, reasons["train_step"] = _resolve_train_step(model, overrides, strategy_name)
+    jit_compile, steps_per_execution = _with_compile_settings(overrides, model, hardware, overridden)
+    remat, reasons["remat"] = _resolve_remat(overrides.remat)  # before jit: both change how a step compiles
+    chosen_jit, reasons["jit_compile"] = _resolve_jit(jit_compile, hardware, model, run, train_step, strategy_name)
+    if "jit_compile" in overridden and overrides.jit_compile == "auto" and reasons["jit_compile"] == "requested":
+        reasons["jit_compile"] = f"your compile(jit_compile={jit_compile})"
+    grad_accum_steps, reasons["grad_accum_steps"] = _resolve_grad_accum_steps(overrides.grad_accum_steps)
+    if global_batch % num_replicas:
+        raise PlanError(f"global batch size {global_batch} does not divide over {num_replicas} replicas: "
+                        f"use a multiple of {num_replicas}.")
+    per_replica = global_batch // num_replicas
+    reasons["per_replica_batch_size"] = f"{global_batch} / {num_replicas} replica(s)"
+    precision, reasons["precision"] = _resolve_model_precision(
+        hardware, overrides.precision, model, train_step, per_replica, jit_compile, chosen_jit)
+    steps_per_epoch, reasons["steps_per_epoch"] = _resolve_steps_per_epoch(overrides.steps_per_epoch, data,
+                                                                           global_batch, overridden)
+    if train_step == "keras":
+        spe, reasons["steps_per_execution"] = 1, "1: run_eagerly=True runs one step at a time"
+    else:
+        spe, reasons["steps_per_execution"] = _resolve_steps_per_execution(
+            steps_per_execution, dataclasses.replace(data, steps_per_epoch=steps_per_epoch), model, run,
+            per_replica, chosen_jit, precision)
+        if "steps_per_execution" in overridden and overrides.steps_per_execution == "auto":
+            reasons["steps_per_execution"] = f"your compile(steps_per_execution={spe})"
+    clipnorm, reasons["clipnorm"] = _resolve_clipnorm(overrides.clipnorm)
+    return Computation(train_step, precision, chosen_jit, spe, steps_per_epoch, global_batch, per_replica,
+                       num_replicas, grad_accum_steps, remat, clipnorm, reasons)
+
+
 def resolve_plan(
     hardware: Hardware,
     *,
@@ -715,6 +845,7 @@ def resolve_plan(
     num_replicas: int = 1,
     strategy_name: str = "none",
     strategy_reason: str = "one device",
+    found: Findings = Findings(),
     **options,
 ) -> Plan:
     """Resolves every automatic choice of a run into a `Plan`.
@@ -728,6 +859,8 @@ def resolve_plan(
             keyword arguments of the same names (precision=, batch_size=, ...).
         num_replicas, strategy_name, strategy_reason: The distribution set-up
             (`kerasfast.distribute`).
+        found: What the run's searches found and its backup recorded
+            (`Findings`).
 
     Returns:
         A frozen `Plan`.
@@ -747,84 +880,107 @@ def resolve_plan(
         overrides = Overrides.from_options(options, "resolve_plan")
     elif options:
         raise PlanError(f"resolve_plan got both overrides= and option(s) {', '.join(options)}: pass one of them.")
-    reasons: dict[str, str] = {}
-    overridden = [name for name in overrides.user_set() if name != "steps_per_epoch"]
-
-    train_step, reasons["train_step"] = _resolve_train_step(model, overrides, strategy_name)
-    jit_compile, steps_per_execution = _with_compile_settings(overrides, model, hardware, overridden)
-    reasons["strategy"] = strategy_reason
-    reasons["num_replicas"] = f"{num_replicas} device(s) share each global batch"
-
-    # Remat before jit: both change how the step is compiled.
-    chosen_remat, reasons["remat"] = _resolve_remat(overrides.remat)
-    chosen_jit, reasons["jit_compile"] = _resolve_jit(jit_compile, hardware, model, run, train_step, strategy_name)
-    if "jit_compile" in overridden and overrides.jit_compile == "auto" and reasons["jit_compile"] == "requested":
-        reasons["jit_compile"] = f"your compile(jit_compile={jit_compile})"
-    grad_accum_steps, reasons["grad_accum_steps"] = _resolve_grad_accum_steps(overrides.grad_accum_steps)
-
-    global_batch, reasons["global_batch_size"] = _resolve_global_batch(overrides.batch_size, data, overridden)
-    if global_batch % num_replicas:
-        raise PlanError(
-            f"global batch size {global_batch} does not divide over {num_replicas} replicas: "
-            f"use a multiple of {num_replicas}."
-        )
-    per_replica = global_batch // num_replicas
-    reasons["per_replica_batch_size"] = f"{global_batch} / {num_replicas} replica(s)"
-    chosen_precision, reasons["precision"] = _resolve_model_precision(
-        hardware, overrides.precision, model, train_step, per_replica, jit_compile, chosen_jit)
+    asked = overrides
+    overrides, from_backup = _with_findings(overrides, found)
+    overridden = [name for name in asked.user_set() if name != "steps_per_epoch"]
+    global_batch, batch_reason = _resolve_global_batch(overrides.batch_size, data, overridden)
+    computation = resolve_computation(hardware, model=model, data=data, run=run, overrides=overrides,
+                                      num_replicas=num_replicas, strategy_name=strategy_name,
+                                      global_batch=global_batch, overridden=overridden)
+    reasons = {"strategy": strategy_reason, "num_replicas": f"{num_replicas} device(s) share each global batch",
+               "global_batch_size": batch_reason, **computation.reasons}
+    grad_accum_steps, steps_per_epoch = computation.grad_accum_steps, computation.steps_per_epoch
     reasons["effective_batch_size"] = f"{global_batch} x {grad_accum_steps} accumulated step(s) per update"
-
-    steps_per_epoch, reasons["steps_per_epoch"] = _resolve_steps_per_epoch(overrides.steps_per_epoch, data,
-                                                                           global_batch, overridden)
-    data = dataclasses.replace(data, steps_per_epoch=steps_per_epoch)
-    if train_step == "keras":
-        spe, reasons["steps_per_execution"] = 1, "1: run_eagerly=True runs one step at a time"
-    else:
-        spe, reasons["steps_per_execution"] = _resolve_steps_per_execution(
-            steps_per_execution, data, model, run, per_replica, chosen_jit
-        )
-        if "steps_per_execution" in overridden and overrides.steps_per_execution == "auto":
-            reasons["steps_per_execution"] = f"your compile(steps_per_execution={spe})"
-    clipnorm, reasons["clipnorm"] = _resolve_clipnorm(overrides.clipnorm)
-
     # Keras counts optimizer iterations in updates: with accumulation, one
     # update per `grad_accum_steps` train steps. Schedules span updates.
     total_steps = max(1, steps_per_epoch * run.epochs // grad_accum_steps) if steps_per_epoch else None
-    rate = _resolve_learning_rate(overrides, model, total_steps, num_replicas, overridden)
+    rate = _scaled_for_found_batch(_resolve_learning_rate(overrides, model, total_steps, num_replicas, overridden),
+                                   asked, found)
     reasons.update(rate.reasons)
     reasons["prune"] = "off: not requested"
     reasons["total_steps"] = (
         f"optimizer updates: {run.epochs} epoch(s) x {steps_per_epoch} steps / {grad_accum_steps} accumulated"
         if total_steps else "unknown"
     )
-
     threads, thread_reasons = _resolve_threads(overrides.intra_op_threads, overrides.inter_op_threads, hardware, run)
     reasons.update(thread_reasons)
-
-    return Plan(
-        strategy=strategy_name,
-        num_replicas=num_replicas,
-        precision=chosen_precision,
-        jit_compile=chosen_jit,
-        steps_per_execution=spe,
-        steps_per_epoch=steps_per_epoch,
-        global_batch_size=global_batch,
-        per_replica_batch_size=per_replica,
-        grad_accum_steps=grad_accum_steps,
-        effective_batch_size=global_batch * grad_accum_steps,
-        clipnorm=clipnorm,
-        remat=chosen_remat,
-        optimizer=rate.optimizer,
-        learning_rate=rate.peak,
-        lr_schedule=rate.schedule,
-        warmup_steps=rate.warmup_steps,
-        total_steps=total_steps,
-        intra_op_threads=threads["intra_op_threads"],
-        inter_op_threads=threads["inter_op_threads"],
-        reasons=reasons,
-        overridden=tuple(dict.fromkeys(overridden)),
-        train_step=train_step,
+    plan = Plan(
+        strategy=strategy_name, num_replicas=num_replicas, precision=computation.precision,
+        jit_compile=computation.jit_compile, steps_per_execution=computation.steps_per_execution,
+        steps_per_epoch=steps_per_epoch, global_batch_size=global_batch,
+        per_replica_batch_size=computation.per_replica_batch_size, grad_accum_steps=grad_accum_steps,
+        effective_batch_size=global_batch * grad_accum_steps, clipnorm=computation.clipnorm, remat=computation.remat,
+        optimizer=rate.optimizer, learning_rate=rate.peak, lr_schedule=rate.schedule, warmup_steps=rate.warmup_steps,
+        total_steps=total_steps, intra_op_threads=threads["intra_op_threads"],
+        inter_op_threads=threads["inter_op_threads"], reasons=reasons, overridden=tuple(dict.fromkeys(overridden)),
+        train_step=computation.train_step,
     )
+    return _marked_as_found(plan, found, from_backup, rate_was_asked=asked.learning_rate is not None or asked.scale_lr)
+
+
+def _with_findings(overrides: Overrides, found: Findings) -> tuple[Overrides, tuple[str, ...]]:
+    """The overrides with what was found or recorded in them, and the
+    recorded choices taken (fields the user did not set)."""
+    user_set = overrides.user_set()
+    from_backup = tuple(name for name in RECORDED_CHOICES if name in found.recorded and name not in user_set)
+    taken = {name: found.recorded[name] for name in from_backup}
+    if found.batch_size is not None:
+        taken["batch_size"] = found.batch_size
+    if found.learning_rate is not None:
+        taken["learning_rate"] = found.learning_rate
+    return dataclasses.replace(overrides, **taken), from_backup
+
+
+def _scaled_for_found_batch(rate: "_LearningRate", asked: Overrides, found: Findings) -> "_LearningRate":
+    """A rate meant for Keras's default batch, scaled to the batch
+    `batch_size="auto"` found; a rate the user passed (or found) is theirs."""
+    if found.batch_size is None or found.learning_rate is not None:
+        return rate
+    if rate.peak is None:
+        return dataclasses.replace(rate, reasons={**rate.reasons, "learning_rate": (
+            "not scaled for batch_size='auto': your optimizer's learning rate is a schedule "
+            "(pass learning_rate= to set its peak)")})
+    if asked.learning_rate is not None or asked.scale_lr:
+        return rate
+    factor, rule = learning_rate_factor(rate.optimizer, found.batch_size)
+    reason = (f"{rate.peak:g} x {factor:.3g}: {rule} from batch {FIRST_BATCH} to the {found.batch_size} "
+              "batch_size='auto' chose")
+    return dataclasses.replace(rate, peak=rate.peak * factor, reasons={**rate.reasons, "learning_rate": reason})
+
+
+def _marked_as_found(plan: Plan, found: Findings, from_backup: tuple[str, ...], *, rate_was_asked: bool) -> Plan:
+    """What was found or recorded, with its reason, and not as the user's."""
+    for name in from_backup:
+        plan = plan.with_choice(name, getattr(plan, name), RECORDED_REASON)
+    if found.batch_size is not None:
+        plan = plan.with_choice("global_batch_size", plan.global_batch_size, found.batch_reason)
+        if not rate_was_asked:
+            plan = plan.with_choice("learning_rate", plan.learning_rate, None)
+    if found.learning_rate is not None:
+        plan = plan.with_choice("learning_rate", plan.learning_rate, f"found: {found.learning_rate_reason}")
+    return plan
+
+
+FIRST_BATCH = 32  # Keras's default batch: the one a learning rate is usually chosen for
+# Optimizers whose learning rate scales linearly with the batch (Goyal et al.,
+# 2017); adaptive ones (Adam and kin) by its square root (Malladi et al., 2022).
+LINEAR_SCALING_OPTIMIZERS = ("SGD", "Lion")
+
+
+def learning_rate_factor(optimizer_name: str, batch_size: int, reference: int = FIRST_BATCH) -> tuple[float, str]:
+    """How much to scale a learning rate chosen for `reference` samples per update.
+
+    Example:
+
+    >>> learning_rate_factor("SGD", 128)
+    (4.0, 'linear scaling (SGD)')
+    >>> learning_rate_factor("Adam", 128)
+    (2.0, 'square-root scaling (Adam)')
+    """
+    ratio = batch_size / reference
+    if optimizer_name in LINEAR_SCALING_OPTIMIZERS:
+        return ratio, f"linear scaling ({optimizer_name})"
+    return math.sqrt(ratio), f"square-root scaling ({optimizer_name})"
 
 
 def _with_compile_settings(overrides: Overrides, model: ModelFacts, hardware: Hardware, overridden: list):
@@ -1018,6 +1174,13 @@ def _resolve_warmup(warmup_steps, schedule: str, total_steps: int | None) -> tup
     return None, "n/a" if schedule != "one_cycle" else "one-cycle warms up over its first 30%"
 
 
+def _candidate(plan: Plan, **choices) -> Plan:
+    for name, value in choices.items():
+        if value != getattr(plan, name):
+            plan = plan.with_choice(name, value, "a tuning candidate")
+    return plan
+
+
 def candidate_plans(plan: Plan, hardware: Hardware, model: ModelFacts, run: RunFacts, *, mode: str = "auto",
                     user_set: tuple[str, ...] = ()) -> list[Plan]:
     """Plans that differ from `plan` in precision, XLA and steps per
@@ -1068,8 +1231,8 @@ def candidate_plans(plan: Plan, hardware: Hardware, model: ModelFacts, run: RunF
             for count in counts:
                 if (precision, jit, count) == (plan.precision, plan.jit_compile, plan.steps_per_execution):
                     continue
-                candidates.append(dataclasses.replace(plan, precision=precision, jit_compile=jit,
-                                                      steps_per_execution=count))
+                candidates.append(_candidate(plan, precision=precision, jit_compile=jit,
+                                             steps_per_execution=count))
     # Single changes first, precisions before XLA before step counts: a
     # budget that runs out has then tried the likeliest wins before any
     # combination.

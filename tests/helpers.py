@@ -2,6 +2,7 @@
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 
 def small_convnet(name="convnet"):
@@ -22,29 +23,54 @@ def weights_equal(a, b, atol=0.0):
 
 
 class TrainingProbe(keras.callbacks.Callback):
-    """Records, while training runs, what kerasfast set on the model: layer
-    compute dtypes, remat modes, steps per execution and the dtype of the
-    first layer's activations (kerasfast undoes all of it when fit ends)."""
+    """Records what the training steps computed in, as they are traced:
+    each layer's compute and variable dtype, remat mode and output dtype
+    (kerasfast gives the layers the plan's policies while its steps trace,
+    and only then), and the model's steps per execution during training.
+
+    It wraps the layers' `call` when fit hands it the model (before the
+    first training step is traced; tuning must be off, or its steps were
+    traced earlier) and unwraps them when training ends."""
 
     def __init__(self, probe_inputs=None):
         super().__init__()
-        self.probe_inputs = probe_inputs
         self.seen = None
+        self._traced = {}
+
+    def set_model(self, model):
+        super().set_model(model)
+        for layer in model.layers:
+            if "call" not in vars(layer):
+                layer.call = self._recording(layer, layer.call)
+
+    def _recording(self, layer, call):
+        def recorded(*args, **kwargs):
+            outputs = call(*args, **kwargs)
+            if not tf.executing_eagerly() and layer.name not in self._traced:  # the first trace: training
+                self._traced[layer.name] = {
+                    "compute_dtype": layer.compute_dtype, "variable_dtype": layer.variable_dtype,
+                    "remat": getattr(getattr(layer, "_remat_mode", None), "mode", None),
+                    "output_dtype": keras.backend.standardize_dtype(keras.tree.flatten(outputs)[0].dtype),
+                }
+            return outputs
+
+        return recorded
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.seen is not None:
-            return
-        model = self.model
-        self.seen = {
-            "compute_dtypes": [layer.compute_dtype for layer in model.layers],
-            "variable_dtypes": [layer.variable_dtype for layer in model.layers],
-            "remat": [getattr(getattr(layer, "_remat_mode", None), "mode", None) for layer in model.layers],
-            "steps_per_execution": model.steps_per_execution,
-        }
-        if self.probe_inputs is not None:
-            first = keras.Model(model.inputs[0], model.layers[0].output)
-            self.seen["activation_dtype"] = keras.backend.standardize_dtype(first(self.probe_inputs).dtype)
-            self.seen["output_dtype"] = keras.backend.standardize_dtype(model(self.probe_inputs).dtype)
+        if self.seen is None:
+            self.seen = {"steps_per_execution": self.model.steps_per_execution}
+
+    def on_train_end(self, logs=None):
+        for layer in self.model.layers:
+            vars(layer).pop("call", None)
+        traced = [self._traced.get(layer.name, {}) for layer in self.model.layers]
+        self.seen = {**(self.seen or {}),
+                     **{name: [entry.get(key) for entry in traced]
+                        for name, key in (("compute_dtypes", "compute_dtype"), ("variable_dtypes", "variable_dtype"),
+                                          ("remat", "remat"))}}
+        if traced and traced[0]:
+            self.seen["activation_dtype"] = traced[0]["output_dtype"]
+            self.seen["output_dtype"] = traced[-1]["output_dtype"]
 
 
 def replica_gap(model) -> float:

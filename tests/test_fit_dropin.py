@@ -519,7 +519,8 @@ def test_a_model_rebuilt_for_a_strategy_keeps_the_users_compile_settings():
 def test_a_model_keras_cannot_save_keeps_its_run_and_its_weights(tmp_path):
     model = _model()
     model.compile(keras.optimizers.SGD(_HalvingSchedule()), "sparse_categorical_crossentropy")
-    with pytest.warns(UserWarning, match=r"cannot save the model as model.keras \(NotImplementedError: .*_HalvingSchedule"):
+    with pytest.warns(kerasfast.RunFolderWarning,
+                      match=r"model.keras \(Keras cannot save the model: NotImplementedError: .*_HalvingSchedule"):
         result = kerasfast.fit(model, X, Y, batch_size=16, epochs=1, run_dir=tmp_path, verbose=0)
     files = sorted(path.name for path in tmp_path.iterdir())
     assert "model.keras" not in files and "history.json" in files
@@ -608,3 +609,129 @@ def test_kerass_fit_arguments_can_be_passed_by_position_as_to_model_fit():
     result = kerasfast.fit(ours, X, Y, 16, 2, 0, None, 0.25, None, False, precision="float32", run_dir=False)
     _assert_same_weights(keras_model, ours)
     assert result.plan.global_batch_size == 16 and result.history.epoch == [0, 1] and "val_loss" in result.history
+
+
+def test_the_tuple_form_with_validation_split_splits_as_keras_does():
+    keras_model, ours = _model(), _model()
+    history = keras_model.fit(X, Y, batch_size=16, epochs=2, validation_split=0.25, shuffle=False, verbose=0)
+    result = kerasfast.fit(ours, (X, Y), batch_size=16, epochs=2, validation_split=0.25, shuffle=False,
+                           precision="float32", run_dir=False, verbose=0)
+    _assert_same_weights(keras_model, ours)
+    np.testing.assert_allclose(result.history.history["val_loss"], history.history["val_loss"], atol=1e-4)
+
+
+def _dict_input_model(named: bool):
+    keras.utils.set_random_seed(3)
+    first, second = (keras.Input((3,), name="first"), keras.Input((3,), name="second")) if named else \
+        (keras.Input((3,)), keras.Input((3,)))
+    joined = keras.layers.Concatenate()([first, second])
+    output = keras.layers.Dense(3, activation="softmax")(keras.layers.Dense(8, activation="tanh")(joined))
+    model = keras.Model({"a": first, "b": second} if not named else [first, second], output)
+    model.compile(keras.optimizers.SGD(0.2), "sparse_categorical_crossentropy")
+    return model
+
+
+@pytest.mark.parametrize("named", [False, True], ids=["dict_of_unnamed_inputs", "named_inputs"])
+def test_dict_inputs_match_by_the_users_names_through_a_rebuild(named):
+    keras_model, ours = _dict_input_model(named), _dict_input_model(named)
+    keys = ("a", "b") if not named else ("first", "second")
+    data = {keys[0]: X[:, :3], keys[1]: X[:, 3:]}
+    keras_model.fit(data, Y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    result = kerasfast.fit(ours, data, Y, batch_size=16, epochs=2, shuffle=False, precision="float32",
+                           strategy=tf.distribute.MirroredStrategy(["/cpu:0"]), run_dir=False, verbose=0)
+    assert "rebuilt" in result.model_preparation
+    assert result.train_model is not ours
+    _assert_same_weights(keras_model, ours)
+
+
+def test_a_rebuilt_copy_keeps_the_names_of_its_inputs():
+    from kerasfast.training.inputs import input_names
+    from kerasfast.training.models import clone_under
+
+    for model in (_dict_input_model(named=False), _dict_input_model(named=True)):
+        copy = clone_under(model, "float32")
+        assert list(input_names(copy)) == list(input_names(model))
+
+
+@pytest.mark.parametrize("example", ["vae", "dcgan"])
+def test_a_model_with_its_own_train_step_that_is_never_built_returns_its_run(example, tmp_path):
+    """keras.io's VAE and DCGAN never call the model itself, so Keras can save neither it nor its
+    weights: the run still returns, its folder holds the rest, and a warning says what is missing."""
+    from tests import kerasio_models
+
+    model = getattr(kerasio_models, f"build_{example}")()
+    data = {**getattr(kerasio_models, f"data_{example}")(), "epochs": 1}
+    with pytest.warns(kerasfast.RunFolderWarning, match=rf"model.keras \(model '{model.name}' was never built"):
+        result = kerasfast.fit(model, **data, steps_per_epoch=2, run_dir=tmp_path, verbose=0)
+    assert len(result.history.history["loss" if example == "vae" else "d_loss"]) == 1
+    files = {path.name for path in tmp_path.iterdir()}
+    assert {"history.json", "result.json", "plan.json"} <= files and "model.keras" not in files
+    assert "backup" not in files  # a re-run could not write it either: nothing is kept to resume
+
+
+class _CountsBatchHooks(keras.callbacks.Callback):
+    """Counts each batch hook Keras calls, training and validation."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = {}
+
+    def _count(self, hook):
+        self.calls[hook] = self.calls.get(hook, 0) + 1
+
+    def on_test_batch_begin(self, batch, logs=None):
+        self._count("on_test_batch_begin")
+
+    def on_test_batch_end(self, batch, logs=None):
+        self._count("on_test_batch_end")
+
+
+def _fit_both(make_callbacks, tmp_path, x=X, ours=None, **arguments):
+    """The same run through model.fit and kerasfast.fit (automatic plan, with `ours` added), each with
+    fresh callbacks: `{"keras" | "kerasfast": (model, callbacks, folder, plan or None)}`."""
+    runs = {}
+    for name in ("keras", "kerasfast"):
+        folder = tmp_path / name
+        folder.mkdir()
+        callbacks = make_callbacks(folder)
+        model = _model()
+        if name == "keras":
+            model.fit(x, Y, batch_size=16, callbacks=callbacks, shuffle=False, verbose=0, **arguments)
+            plan = None
+        else:
+            plan = kerasfast.fit(model, x, Y, batch_size=16, callbacks=callbacks, shuffle=False, run_dir=False,
+                                 verbose=0, **arguments, **(ours or {})).plan
+        runs[name] = (model, callbacks, folder, plan)
+    return runs
+
+
+def test_a_checkpoint_saved_every_n_batches_writes_the_files_keras_writes(tmp_path):
+    runs = _fit_both(lambda folder: [keras.callbacks.ModelCheckpoint(str(folder / "{epoch}-{batch}.weights.h5"),
+                                                                     save_weights_only=True, save_freq=5)],
+                     tmp_path, epochs=2)
+    written = {name: sorted(path.name for path in run[2].iterdir()) for name, run in runs.items()}
+    assert len(written["keras"]) == 5 and written["kerasfast"] == written["keras"]  # 26 batches, every 5th
+    plan = runs["kerasfast"][3]
+    assert plan.steps_per_execution == 1 and "ModelCheckpoint(save_freq=5)" in plan.reasons["steps_per_execution"]
+
+
+def test_validation_batch_hooks_run_as_often_as_in_keras(tmp_path):
+    runs = _fit_both(lambda folder: [_CountsBatchHooks()], tmp_path, epochs=2, validation_split=0.25)
+    keras_calls, our_calls = (run[1][0].calls for run in (runs["keras"], runs["kerasfast"]))
+    assert keras_calls == {"on_test_batch_begin": 8, "on_test_batch_end": 8}  # 2 epochs x 4 batches
+    assert our_calls == keras_calls
+    assert "_CountsBatchHooks(on_test_batch_begin, on_test_batch_end)" in \
+        runs["kerasfast"][3].reasons["steps_per_execution"]
+
+
+def test_terminate_on_nan_stops_at_the_batch_keras_stops_at(tmp_path):
+    x = X.copy()
+    x[40] = np.inf  # in the third batch of 16
+    runs = _fit_both(lambda folder: [keras.callbacks.TerminateOnNaN()], tmp_path, x=x, epochs=2,
+                     ours={"on_nan": "ignore"})
+    (keras_model, *_), (ours, *_, plan) = runs["keras"], runs["kerasfast"]
+    assert int(keras_model.optimizer.iterations) == 3
+    assert int(ours.optimizer.iterations) == 3
+    for left, right in zip(keras_model.get_weights(), ours.get_weights(), strict=True):
+        np.testing.assert_allclose(left, right, atol=PARITY_ATOL)  # the same values, NaN where Keras has NaN
+    assert "TerminateOnNaN" in plan.reasons["steps_per_execution"]

@@ -170,3 +170,25 @@ def test_a_model_built_under_a_mixed_policy_is_told_how_to_keep_it(digits):
     kept = kerasfast.fit(model, (x, y), epochs=1, batch_size=64, precision="mixed_float16", run_dir=False, verbose=0)
     assert kept.plan.precision == "mixed_float16" and "built under" not in kept.plan.reasons["precision"]
     assert model.layers[0].dtype_policy.name == "mixed_float16"  # the model's own policy, given back
+
+
+@pytest.mark.parametrize("steps_per_execution", [1, 8])
+@pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16", "onednn_bfloat16"])
+def test_a_checkpoint_saved_mid_run_is_the_model_the_user_built(digits, tmp_path, precision, steps_per_execution):
+    """What a callback saves during the run loads with the user's float32 policies and predicts as the
+    trained model does, whatever precision the steps computed in."""
+    (x, y), (x_test, _) = digits
+    model = small_convnet()
+    model.compile(keras.optimizers.Adam(3e-3), "sparse_categorical_crossentropy")
+    saved = tmp_path / "checkpoint.keras"
+    seen = []
+    callbacks = [keras.callbacks.ModelCheckpoint(str(saved)),
+                 keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: seen.append(
+                     [layer.dtype_policy.name for layer in model.layers]))]
+    result = kerasfast.fit(model, (x, y), epochs=2, batch_size=64, precision=precision, tune="off",
+                           steps_per_execution=steps_per_execution, callbacks=callbacks, run_dir=False, verbose=0)
+    assert result.plan.precision == precision
+    assert seen and all(policies == ["float32"] * len(model.layers) for policies in seen)
+    loaded = keras.models.load_model(saved)
+    assert [layer.dtype_policy.name for layer in loaded.layers] == ["float32"] * len(model.layers)
+    np.testing.assert_array_equal(loaded.predict(x_test, verbose=0), model.predict(x_test, verbose=0))

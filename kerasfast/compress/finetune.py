@@ -68,14 +68,14 @@ class FineTuneRate:
 
     def described(self, plan):
         """`plan` with the fine-tune policy in its reasons (and not marked as set by the user)."""
-        chosen = ("learning_rate", "lr_schedule", "warmup_steps")
-        overridden = tuple(name for name in plan.overridden if name not in chosen or name in self.user_set)
-        reasons = {**plan.reasons, **self.reasons}
+        reasons = dict(self.reasons)
         if plan.reasons.get("learning_rate") != "requested":  # e.g. rescaled for a searched batch size
             reasons["learning_rate"] = plan.reasons.get("learning_rate")
         if plan.warmup_steps is not None:
             reasons["warmup_steps"] = f"{plan.reasons.get('warmup_steps', '')} of the pruning fine-tune"
-        return dataclasses.replace(plan, overridden=overridden, reasons=reasons)
+        for name in ("learning_rate", "lr_schedule", "warmup_steps"):
+            plan = plan.with_choice(name, getattr(plan, name), reasons.get(name), yours=name in self.user_set)
+        return plan
 
     def schedule(self, total_steps: int, start_step: int = 0):
         """The schedule for a fine-tune of `total_steps` updates, started at `start_step`."""

@@ -473,4 +473,5 @@ def with_plan_note(plan, model, *, forward_flops_per_sample: int | None, peak_fl
                      strategy_name=plan.strategy, accelerator=accelerator,
                      steps_per_execution=plan.steps_per_execution, environ=environ)
     reason = plan.reasons.get("num_replicas", "")
-    return dataclasses.replace(plan, reasons={**plan.reasons, "num_replicas": f"{reason}; {note}" if reason else note})
+    return plan.with_choice("num_replicas", plan.num_replicas, f"{reason}; {note}" if reason else note,
+                            yours="num_replicas" in plan.overridden)

@@ -25,8 +25,8 @@ import pathlib
 import time
 
 from kerasfast.errors import PlanError
+from kerasfast.plan import FIRST_BATCH, learning_rate_factor  # noqa: F401 - the search's learning-rate rule
 
-FIRST_BATCH = 32  # Keras's default batch: the one a learning rate is usually chosen for
 MAX_BATCH = 8192
 CPU_MEMORY_SHARE = 0.5  # of the memory the machine has available
 # A train step holds the forward pass's tensors, their gradients and the
@@ -41,7 +41,6 @@ SEARCH_BUDGET_S = 60.0
 # A batch is at most this share of the data, so that every epoch makes at
 # least this many updates: samples/s alone would favour one update per epoch.
 MIN_STEPS_PER_EPOCH = 8
-LINEAR_SCALING_OPTIMIZERS = ("SGD", "Lion")
 
 
 @dataclasses.dataclass
@@ -67,22 +66,6 @@ class BatchSizeFinding:
     batch_size: int
     reason: str
     trials: list[BatchTrial]
-
-
-def learning_rate_factor(optimizer_name: str, batch_size: int, reference: int = FIRST_BATCH) -> tuple[float, str]:
-    """How much to scale a learning rate chosen for `reference` samples per update.
-
-    Example:
-
-    >>> learning_rate_factor("SGD", 128)
-    (4.0, 'linear scaling (SGD)')
-    >>> learning_rate_factor("Adam", 128)
-    (2.0, 'square-root scaling (Adam)')
-    """
-    ratio = batch_size / reference
-    if optimizer_name in LINEAR_SCALING_OPTIMIZERS:
-        return ratio, f"linear scaling ({optimizer_name})"
-    return math.sqrt(ratio), f"square-root scaling ({optimizer_name})"
 
 
 def cpu_memory_bound() -> int | None:

@@ -38,7 +38,7 @@ from kerasfast._checks import is_int, is_number
 from kerasfast.distribute import resolve_strategy
 from kerasfast.distribute.consensus import check_same_plan, chief_value, on_every_worker
 from kerasfast.distribute.failures import lost_peer_errors
-from kerasfast.errors import PlanError, RunFolderError
+from kerasfast.errors import PlanError, RunFolderWarning
 from kerasfast.hardware import detect_hardware
 from kerasfast.plan import (
     COMPUTATION_FIELDS, ModelFacts, Overrides, Plan, RunFacts, candidate_plans, compute_dtype, resolve_plan,
@@ -46,13 +46,15 @@ from kerasfast.plan import (
 from kerasfast.runs import DEFAULT_ROOT, new_run_dir, save_model, write_json
 from kerasfast.training import optimizers
 from kerasfast.training.backup import DEFAULT_EVERY_STEPS, Backup, training_variables
+from kerasfast.training.batch_callbacks import per_batch_callbacks
 from kerasfast.training.guard import ON_NAN, DivergenceGuard, check_finite
 from kerasfast.training.data_errors import damage_named, errors_naming_the_data
 from kerasfast.training.inputs import (check_inputs_match, prepare_data, sharded_tfrecord_stream, split_validation,
-                                       validation_arguments)
+                                       unpacked, validation_arguments)
 from kerasfast.training.loop import RunHistory, run_epochs, stream_factory
 from kerasfast.training.lr_finder import find_learning_rate, plot_finding
 from kerasfast.training.models import PreparedModel, copy_optimizer_state, copy_weights, prepare_model
+from kerasfast.training.precision import graph_precision
 from kerasfast.training.session import borrowed, in_precision
 from kerasfast.training.step_functions import StepFunctions
 from kerasfast.training.throughput import Throughput, ThroughputMeter, input_advice, samples_counter
@@ -128,30 +130,6 @@ class FitResult:
             "epochs": len(self.history.epoch),
             "recoveries": self.recoveries,
         }
-
-
-def _batch_callbacks(callbacks) -> tuple[str, ...]:
-    """Callbacks that act on every batch, which Keras calls once per
-    execution: a user class overriding a per-batch hook, a hook set on the
-    instance (`LambdaCallback(on_train_batch_end=...)`), or Keras's
-    `TensorBoard` writing or profiling batches (it counts its calls as
-    batches). Keras's other callbacks read the batch index, or act per epoch."""
-    base = keras.callbacks.Callback
-    hooks = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
-    names = []
-    for callback in callbacks:
-        kind = type(callback)
-        if any(hook in vars(callback) for hook in hooks):
-            per_batch = True
-        elif isinstance(callback, keras.callbacks.TensorBoard):
-            per_batch = (callback.update_freq != "epoch" or callback.write_steps_per_second
-                         or bool(getattr(callback, "_should_trace", False)))
-        else:
-            per_batch = not kind.__module__.startswith("keras") and any(
-                getattr(kind, hook) is not getattr(base, hook) for hook in hooks)
-        if per_batch:
-            names.append(kind.__name__)
-    return tuple(names)
 
 
 def _describe_pruning(config) -> str:
@@ -320,7 +298,7 @@ def _plan_run(start: _Start, overrides: Overrides, model_facts: ModelFacts, trai
     run_facts = RunFacts(
         epochs=epochs, tf_runtime_started=start.runtime_started, current_intra_op_threads=start.threads[0],
         current_inter_op_threads=start.threads[1], op_determinism=_compat.op_determinism_enabled(),
-        user_batch_callbacks=_batch_callbacks(callbacks),
+        user_batch_callbacks=per_batch_callbacks(callbacks),
     )
 
     recorded = start.progress.plan if start.progress is not None else {}
@@ -660,7 +638,9 @@ def _train(model, plan: Plan, start: _Start, train_data, stream_from, *, epochs,
     def scope():
         return tf_strategy.scope() if tf_strategy is not None else contextlib.nullcontext()
 
-    with in_precision(model, plan):
+    # kerasfast's steps take the plan's precision while they are traced; a
+    # model that runs eagerly (run_eagerly=True) takes it for the whole run.
+    with in_precision(model, plan) if plan.train_step == "keras" else graph_precision(plan.precision):
         metric_values = None
         steps = None
         with scope():
@@ -1027,6 +1007,7 @@ def _prepared_feed(feed: _Feed, start: _Start, *, batch_size, validation_split, 
     path cannot serve, and checks arrays for NaN unless `on_nan="ignore"`.
     """
     distribution = start.distribution
+    feed.x, feed.y, feed.sample_weight = unpacked(feed.x, feed.y, feed.sample_weight)
     if validation_split and feed.validation_data is None:
         (feed.x, feed.y, feed.sample_weight), feed.validation_data = split_validation(
             feed.x, feed.y, feed.sample_weight, validation_split)
@@ -1068,11 +1049,12 @@ def _compiled_for_plan(prepared: PreparedModel, plan: Plan, train_data, tf_strat
                        metrics) -> Plan:
     """Compiles the training model for `plan` in the strategy's scope; XLA is
     checked on the model (and turned off with the reason when it cannot run)."""
-    with tf_strategy.scope() if tf_strategy is not None else contextlib.nullcontext():
-        if prepared.rebuilt:
-            _compile_copy(prepared.train_model, prepared.user_model, plan, loss=loss, optimizer=optimizer,
-                          metrics=metrics)
-        else:
+    scope = tf_strategy.scope if tf_strategy is not None else contextlib.nullcontext
+    if prepared.rebuilt:
+        _compile_copy(prepared.train_model, prepared.user_model, plan, scope, loss=loss, optimizer=optimizer,
+                      metrics=metrics)
+    with scope():
+        if not prepared.rebuilt:
             _compile_for_run(prepared.train_model, plan, loss=loss, optimizer=optimizer, metrics=metrics)
         if plan.jit_compile and plan.train_step == "kerasfast":
             plan = _checked_jit(plan, prepared.train_model, train_data.sample_inputs)
@@ -1132,20 +1114,38 @@ def _training_stream(feed: _Feed, train_data, plan: Plan, start: _Start):
                           autotune=train_data.source != "arrays")
 
 
-def _compile_copy(clone, user_model, plan, *, loss, optimizer, metrics) -> None:
-    """Compiles the strategy-scope copy of a model like the user's own."""
+def _compile_copy(clone, user_model, plan, scope, *, loss, optimizer, metrics) -> None:
+    """Compiles the copy rebuilt in the strategy's scope like the user's own model.
+
+    The user's model, which gets the trained state back, is compiled outside
+    the scope: Keras creates an optimizer's variables under the strategy in
+    scope when the optimizer is made, and one made under the strategy
+    cannot build later, outside its scope, for the user's plain variables.
+    """
     settings = _compat.compile_config(user_model)
     given = {name: value for name, value in (("loss", loss), ("optimizer", optimizer), ("metrics", metrics))
              if value is not None}
     settings.update(given)
     if settings.get("loss") is None:
         raise PlanError("no loss: the model is not compiled with one and fit got no loss=. Pass loss= or compile it.")
-    user_optimizer = settings.get("optimizer")
-    settings["optimizer"] = (optimizers.copy_of(user_optimizer) if user_optimizer is not None
-                             else optimizers.default_optimizer(plan))
+    if settings.get("optimizer") is None:
+        settings["optimizer"] = optimizers.default_optimizer(plan)
     if not user_model.compiled or given:
-        user_model.compile(**{**settings, "optimizer": optimizers.copy_of(settings["optimizer"])})
-    clone.compile(**settings)
+        user_model.compile(**{**settings, "optimizer": _optimizer_for_user_model(settings["optimizer"], user_model)})
+    with scope():
+        clone.compile(**{**settings, "optimizer": optimizers.copy_of(settings["optimizer"])})
+
+
+def _optimizer_for_user_model(optimizer, user_model):
+    """The optimizer object itself, as Keras's compile keeps it, when it can
+    hold the user's model's state (made outside any strategy, and unbuilt or
+    already the model's); else a fresh copy. A name is made by compile."""
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        return optimizer
+    outside = _compat.optimizer_strategy(optimizer) in (None, tf.distribute.get_strategy())
+    if outside and (not optimizer.built or optimizer is user_model.optimizer):
+        return optimizer
+    return optimizers.copy_of(optimizer)
 
 
 def _run_folder(run_dir, distribution, cleanup):
@@ -1174,12 +1174,7 @@ def _finish(prepared, plan, start, train_data, history, meter, folder, pruned_la
         with distribution.strategy.scope() if distribution.strategy is not None else contextlib.nullcontext():
             pruning_summary = finalize_pruning(train_model) + [row for row in pruned_layers if not row["pruned"]]
     if prepared.rebuilt:
-        user_model = prepared.user_model
-        copy_weights(train_model, user_model)
-        if user_model.optimizer is not None and train_model.optimizer is not None:
-            if not user_model.optimizer.built:
-                user_model.optimizer.build(user_model.trainable_variables)
-            copy_optimizer_state(train_model.optimizer, user_model.optimizer)
+        _carry_back(train_model, prepared.user_model)
     run_history = RunHistory(history)
     history.history = run_history  # one dict: model.history.history is result.history
     prepared.user_model.history = history  # as Keras's fit leaves it: the History it returned
@@ -1190,19 +1185,23 @@ def _finish(prepared, plan, start, train_data, history, meter, folder, pruned_la
         input_report=input_advice(throughput.input_wait_fraction, train_data.source), recoveries=recoveries,
         timeline=meter.timeline(),
     )
+    unwritten, failed_writes = [], False
     if folder is not None:
         broken = _non_finite_layers(train_model) if save_model_file else []
         if broken and distribution.is_chief:
             print(f"kerasfast: not saving model.keras: the weights of {', '.join(broken[:5])} are NaN or infinite "
                   "(on_nan='ignore' trained on a diverged loss).")
-        _write_run_files(folder, result, train_model if save_model_file and not broken else None, start.backup)
+        unwritten, failed_writes = _write_run_files(folder, result,
+                                                    train_model if save_model_file and not broken else None)
+        if unwritten and distribution.is_chief:
+            _warn_unwritten(folder, unwritten, start.backup if failed_writes else None)
         if distribution.is_chief:
             from kerasfast.reporting import report_or_warning
 
             result.report = report_or_warning(folder)  # a report that fails never loses the run
         if not distribution.is_chief:
             result.run_dir = None
-    if start.backup is not None:
+    if start.backup is not None and not failed_writes:
         start.backup.clear()
     if verbose != 0 and distribution.is_chief:
         print(f"kerasfast: {result.input_report}")
@@ -1217,6 +1216,34 @@ def _finish(prepared, plan, start, train_data, history, meter, folder, pruned_la
     return result
 
 
+def _carry_back(train_model, user_model) -> None:
+    """Copies the trained copy's weights and optimizer state into the user's model.
+
+    Training is over and its result is in `train_model` (the result's
+    `train_model`), so a part that cannot be copied is a warning naming it,
+    never an error that loses the run.
+    """
+    try:
+        copy_weights(train_model, user_model)
+    except Exception as error:  # noqa: BLE001 - whatever it is, the trained weights are still returned
+        warnings.warn(
+            f"kerasfast: training finished, but its weights could not be copied into your model {user_model.name!r} "
+            f"({type(error).__name__}: {error}); the trained model is the result's train_model.", stacklevel=4)
+        return
+    user_optimizer, trained_optimizer = user_model.optimizer, train_model.optimizer
+    if user_optimizer is None or trained_optimizer is None:
+        return
+    try:
+        if not user_optimizer.built:
+            user_optimizer.build(user_model.trainable_variables)
+        copy_optimizer_state(trained_optimizer, user_optimizer)
+    except Exception as error:  # noqa: BLE001 - the weights are in; only the optimizer's moments are missing
+        warnings.warn(
+            f"kerasfast: training finished and your model {user_model.name!r} holds the trained weights, but its "
+            f"optimizer's state (step count, moments) was not copied ({type(error).__name__}: {error}); the "
+            "result's train_model.optimizer holds it.", stacklevel=4)
+
+
 def _non_finite_layers(model) -> list[str]:
     """Names of the layers holding a NaN or infinite weight."""
     return [layer.name for layer in model.layers or [model]
@@ -1224,44 +1251,64 @@ def _non_finite_layers(model) -> list[str]:
                    if keras.backend.is_float_dtype(w.dtype))]
 
 
-def _save_model_or_weights(model, folder) -> None:
+def _save_model_or_weights(model, folder) -> str | None:
     """model.keras; for a model Keras cannot serialise (a custom layer or
-    schedule without get_config()), model.weights.h5 and a warning, since
-    training itself went as in Keras."""
+    schedule without get_config()), model.weights.h5, since training itself
+    went as in Keras.
+
+    Returns:
+        None when model.keras was written, else what was not written and why.
+    """
+    if not model.built:
+        # A model with its own train_step may never be called (keras.io's VAE
+        # and GAN): Keras saves neither it nor its weights.
+        return (f"model.keras (model {model.name!r} was never built: its own train_step never calls it, and Keras "
+                "saves no unbuilt model; save the models it trains, or build it with model.build(input_shape))")
     try:
         save_model(model, folder / "model.keras")
+        return None
     except OSError:
         raise
     except Exception as error:  # noqa: BLE001 - Keras raises several kinds when serialising
         weights = replace_durably(folder / "model.weights.h5", model.save_weights, keep_suffix=True)
         detail = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
-        warnings.warn(
-            f"kerasfast: training finished, but Keras cannot save the model as model.keras "
-            f"({type(error).__name__}: {detail}); its trained weights are in {weights} and in your model "
-            "object. Give the object named there a get_config() to save the whole model.", stacklevel=5)
+        return (f"model.keras (Keras cannot save the model: {type(error).__name__}: {detail}; its trained weights "
+                f"are in {weights.name}: give the object named there a get_config() to save the whole model)")
 
 
-def _write_run_files(folder, result: FitResult, model, backup) -> None:
-    """history.json, result.json, pruning.json and model.keras, each durable.
+def _write_run_files(folder, result: FitResult, model) -> tuple[list[str], bool]:
+    """history.json, result.json, timeline.json, pruning.json and model.keras,
+    each durable (flushed, then renamed into place).
 
-    Raises:
-        RunFolderError: When a file cannot be written; it names the file and
-            whether the training-state backup was kept for a re-run.
+    Returns:
+        What could not be written and why (disk full, permissions, a model
+        Keras cannot save), each file tried whatever failed before it; and
+        whether a write failed (which writing again may mend).
     """
-    try:
-        write_json(folder / "history.json", result.history.history)
-        write_json(folder / "result.json", result.summary())
-        if result.timeline is not None:
-            write_json(folder / "timeline.json", result.timeline)
-        if result.pruning is not None:
-            write_json(folder / "pruning.json", result.pruning)
-        if model is not None:
-            _save_model_or_weights(model, folder)
-    except OSError as error:
-        kept = (f"the trained state is kept in {backup.path}: re-run the same command to write the files again "
-                "without retraining") if backup is not None and backup.path.is_file() else \
-            "no backup was kept (backup_dir=False)"
-        raise RunFolderError(
-            f"training finished but {error.filename or folder} could not be written ({error.strerror or error}); "
-            f"{kept}. Free space or fix permissions there, or pass another run_dir=."
-        ) from error
+    files = {"history.json": result.history.history, "result.json": result.summary(),
+             "timeline.json": result.timeline, "pruning.json": result.pruning}
+    unwritten = []
+    for name, content in files.items():
+        if content is None:
+            continue
+        try:
+            write_json(folder / name, content)
+        except OSError as error:
+            unwritten.append(f"{name} ({error.strerror or error})")
+    failed_writes = bool(unwritten)
+    if model is not None:
+        try:
+            unwritten.append(_save_model_or_weights(model, folder))
+        except OSError as error:
+            unwritten.append(f"model.keras ({error.strerror or error})")
+            failed_writes = True
+    return [entry for entry in unwritten if entry is not None], failed_writes
+
+
+def _warn_unwritten(folder, unwritten: list[str], backup) -> None:
+    """A finished run keeps its result: what its folder lacks is a warning."""
+    kept = (f"the trained state is kept in {backup.path}: re-run the same command to write the files again "
+            "without retraining. Free space or fix permissions there, or pass another run_dir=")\
+        if backup is not None and backup.path.is_file() else "the trained model is the one this call returned"
+    warnings.warn(RunFolderWarning(
+        f"kerasfast: training finished, but in {folder}: {'; '.join(unwritten)} not written; {kept}."), stacklevel=4)

@@ -137,6 +137,18 @@ def _class_weight_map(class_weight):
     return apply
 
 
+def unpacked(x, y, sample_weight):
+    """`(x, y, sample_weight)`, with kerasfast's `fit(model, (x, y[, sample_weight]))`
+    form taken apart: a tuple `x` of 2 or 3 parts without `y` is that triple.
+
+    >>> unpacked(("features", "labels"), None, None)
+    ('features', 'labels', None)
+    """
+    if y is None and sample_weight is None and isinstance(x, tuple) and len(x) in (2, 3):
+        return (tuple(x) + (None,))[:3]
+    return x, y, sample_weight
+
+
 def split_validation(x, y, sample_weight, validation_split):
     """Keras's `validation_split`: the last fraction of the arrays, taken before shuffling.
 
@@ -328,9 +340,7 @@ def prepare_data(x, y=None, sample_weight=None, *, batch_size: int | None, class
     import tensorflow as tf
 
     batch_size = batch_size or 32
-    if y is None and sample_weight is None and isinstance(x, tuple) and len(x) in (2, 3):
-        # kerasfast's `fit(model, (x, y[, sample_weight]))` form.
-        x, y, sample_weight = (tuple(x) + (None,))[:3]
+    x, y, sample_weight = unpacked(x, y, sample_weight)
     if isinstance(x, (str, os.PathLike)):
         _no_arrays_beside(x, y, sample_weight, "a TFRecord path")
         prepared = _tfrecords(os.fspath(x), batch_size, shuffle, seed, what, on_error)
@@ -381,6 +391,16 @@ def _shapes_compatible(given: tuple, expected: tuple) -> bool:
     return False
 
 
+def input_names(model) -> dict:
+    """`{name: input}` as Keras matches a dict of data to a model's inputs:
+    by the keys of a functional model built on a dict of `keras.Input`s,
+    else by the inputs' own names."""
+    structure = getattr(model, "_inputs_struct", None)
+    if isinstance(structure, dict):
+        return dict(structure)
+    return {_input_name(spec): spec for spec in model.inputs}
+
+
 def check_inputs_match(model, sample_inputs, what: str = "data") -> None:
     """Raises `DataError` when a batch's inputs cannot feed `model`'s inputs.
 
@@ -394,15 +414,15 @@ def check_inputs_match(model, sample_inputs, what: str = "data") -> None:
     if not declared:
         return
     if isinstance(sample_inputs, dict):
-        names = [_input_name(spec) for spec in declared]
-        missing = [name for name in names if name not in sample_inputs]
+        named = input_names(model)
+        missing = [name for name in named if name not in sample_inputs]
         if missing:
             raise DataError(
                 f"{what} is a dict with keys {sorted(sample_inputs)} but model {model.name!r} needs input(s) "
                 f"{', '.join(repr(n) for n in missing)}: name the dict's keys after the model's Inputs "
-                f"({', '.join(repr(n) for n in names)})."
+                f"({', '.join(repr(n) for n in named)})."
             )
-        pairs = [(sample_inputs[_input_name(spec)], spec) for spec in declared]
+        pairs = [(sample_inputs[name], spec) for name, spec in named.items()]
     else:
         given = keras.tree.flatten(sample_inputs)
         if len(given) != len(declared):

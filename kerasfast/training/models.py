@@ -91,7 +91,8 @@ def clone_under(model, policy: str, remat: str | None = None):
     with build_scope(policy, remat):
         if _is_graph_model(model):
             with _compat.uncompiled(model):  # the caller compiles the clone
-                return keras.models.clone_model(model, clone_function=clone_layer, recursive=True)
+                return keras.models.clone_model(model, input_tensors=_inputs_named_alike(model),
+                                                clone_function=clone_layer, recursive=True)
         try:
             return model.__class__.from_config(model.get_config())
         except Exception as error:  # noqa: BLE001 - any failure means "cannot clone"
@@ -103,6 +104,17 @@ def clone_under(model, policy: str, remat: str | None = None):
                 "function that builds the model instead, e.g. kerasfast.fit(lambda: MyModel(...), data), or "
                 "implement get_config()."
             ) from error
+
+
+def _inputs_named_alike(model):
+    """New `keras.Input`s with the names of `model`'s own (Keras's clone
+    appends "CLONE"), so that data keyed by the user's input names feeds
+    the clone too. None where Keras's clone makes its own (Sequential)."""
+    if isinstance(model, keras.Sequential) or getattr(model, "inputs", None) is None:
+        return None
+    return keras.tree.map_structure(
+        lambda tensor: keras.Input(batch_shape=tensor.shape, dtype=tensor.dtype, name=tensor.name,
+                                   sparse=tensor.sparse), model._inputs_struct)
 
 
 def copy_weights(source, target) -> None:

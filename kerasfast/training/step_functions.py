@@ -31,6 +31,11 @@ first update create their variables where `tf.function` allows it.
 An epoch ends exactly where Keras's would: the last execution of an epoch
 runs only the steps left in it (a second, shorter trace).
 
+The steps compute in the plan's precision (and rematerialisation) because
+the model's layers take the plan's policies while the steps are traced,
+and only then: a callback, a checkpoint saved mid-run or the user's own
+`predict` sees the model as the user built it, as under `model.fit`.
+
 Keras's `fit` loop, callbacks, History and progress bar are kept: the steps
 are installed as the model's `train_function` / `test_function` for the
 duration of `kerasfast.fit` (`kerasfast.training.session` removes them).
@@ -41,6 +46,24 @@ from __future__ import annotations
 import keras
 
 from kerasfast import _compat
+
+
+def _traced_in(function, model, precision: str, remat: str | None):
+    """`function`, whose traces see `model`'s layers in the plan's `precision`
+    and `remat` (a tf.function runs its Python only while tracing)."""
+    import functools
+
+    from kerasfast.plan import keras_policy
+    from kerasfast.training.models import computing_in
+
+    policy = keras_policy(precision)
+
+    @functools.wraps(function)
+    def traced(*args):
+        with computing_in(model, policy, remat):
+            return function(*args)
+
+    return traced
 
 
 def _unpack(data):
@@ -114,8 +137,10 @@ class StepFunctions:
 
     def __init__(self, model, strategy, *, steps_per_execution: int, grad_accum_steps: int, jit_compile: bool,
                  micro_steps_done: int = 0, steps_per_epoch: int | None = None, optimizer=None,
-                 own_train_step: bool = False, own_test_step: bool = False):
+                 own_train_step: bool = False, own_test_step: bool = False, precision: str = "float32",
+                 remat: str | None = None):
         self.model = model
+        self._precision = (precision, remat)
         self.strategy = strategy
         self.optimizer = optimizer if optimizer is not None else model.optimizer
         self.steps_per_epoch = steps_per_epoch
@@ -309,7 +334,13 @@ class StepFunctions:
                                           parallel_iterations=1)
             return metrics_after(done) if self._logs_from_metrics else logs
 
-        return tf.function(run, reduce_retracing=True)
+        return self._compiled(run)
+
+    def _compiled(self, function):
+        """A `tf.function` of `function`, traced in the plan's precision."""
+        import tensorflow as tf
+
+        return tf.function(_traced_in(function, self.model, *self._precision), reduce_retracing=True)
 
     def train_function(self):
         """Keras's `train_function(iterator)`: one execution of
@@ -400,7 +431,6 @@ class StepFunctions:
         # taken only if a batch is left. Evaluation has no cross-replica
         # update, so a loop around `strategy.run` is safe here. The logs are
         # read from the metrics afterwards, aggregated over replicas.
-        @tf.function(reduce_retracing=True)
         def run(iterator):
             ran = tf.constant(False)
             for _ in tf.range(steps):
@@ -410,6 +440,8 @@ class StepFunctions:
                 strategy.run(replica_step, args=(optional.get_value(),))
                 ran = tf.constant(True)
             return ran, model.get_metrics_result()
+
+        run = self._compiled(run)
 
         def test(iterator):
             ran, logs = run(iterator)
@@ -426,13 +458,12 @@ class StepFunctions:
         metrics' results where the names match); a Python loop over the
         chunk stops where the validation data ends.
         """
-        import tensorflow as tf
-
         model, strategy = self.model, self.strategy
 
-        @tf.function(reduce_retracing=True)
         def one_step(data):
             return _reduce_logs(strategy, strategy.run(model.test_step, args=(data,)))
+
+        one_step = self._compiled(one_step)
 
         def test(iterator):
             logs = None
@@ -469,7 +500,8 @@ class StepFunctions:
             steps = cls(model, strategy, steps_per_execution=plan.steps_per_execution,
                         grad_accum_steps=plan.grad_accum_steps, jit_compile=plan.jit_compile,
                         micro_steps_done=micro_steps_done, steps_per_epoch=plan.steps_per_epoch, optimizer=optimizer,
-                        own_train_step=plan.train_step == "yours", own_test_step=own_test_step)
+                        own_train_step=plan.train_step == "yours", own_test_step=own_test_step,
+                        precision=plan.precision, remat=plan.remat)
         steps.install()
         return steps
 

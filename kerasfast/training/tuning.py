@@ -284,9 +284,9 @@ def _measure(model, plan, strategy, batches, samples_per_step, functions: dict, 
     """
     from kerasfast.training.step_functions import StepFunctions
     from kerasfast.training import optimizers
-    from kerasfast.training.session import in_precision
+    from kerasfast.training.precision import graph_precision
 
-    with in_precision(model, plan), strategy.scope():
+    with graph_precision(plan.precision), strategy.scope():
         if index not in functions:
             scaler = optimizers.loss_scaling(model.optimizer, plan)
             if scaler is not None:
@@ -294,7 +294,7 @@ def _measure(model, plan, strategy, batches, samples_per_step, functions: dict, 
             _compat.detach_from_creation_strategy(model)
             functions[index] = StepFunctions(model, strategy, steps_per_execution=plan.steps_per_execution,
                                              grad_accum_steps=plan.grad_accum_steps, jit_compile=plan.jit_compile,
-                                             optimizer=scaler)
+                                             optimizer=scaler, precision=plan.precision, remat=plan.remat)
         steps = functions[index]
         with values_restored(_own_variables(steps.optimizer, model.optimizer)):
             return _timed(steps, strategy, batches, samples_per_step * plan.steps_per_execution, fixed_executions)

@@ -1,0 +1,77 @@
+"""Which callbacks must see every batch, as `model.fit` shows them.
+
+Keras calls a callback's batch hooks once per execution: with 8 steps per
+execution, `on_train_batch_end` runs for every 8th batch, and
+`ModelCheckpoint(save_freq=10)` or `TerminateOnNaN` act on what they see.
+A run whose callbacks depend on every batch therefore runs one step per
+execution (the plan names them); the others keep longer executions.
+"""
+
+from __future__ import annotations
+
+import keras
+
+# Every hook Keras calls per batch, in training, validation and prediction.
+BATCH_HOOKS = (
+    "on_batch_begin", "on_batch_end",
+    "on_train_batch_begin", "on_train_batch_end",
+    "on_test_batch_begin", "on_test_batch_end",
+    "on_predict_batch_begin", "on_predict_batch_end",
+)
+# Keras's own callbacks whose batch hooks only display or record what the
+# execution's last batch shows: they lose nothing under longer executions.
+_DISPLAY_ONLY = (keras.callbacks.ProgbarLogger, keras.callbacks.History)
+
+
+def per_batch_callbacks(callbacks) -> tuple[str, ...]:
+    """Names (with the setting that makes them so) of the callbacks that act
+    on every batch.
+
+    Args:
+        callbacks: The callbacks passed to fit.
+
+    Returns:
+        One entry per such callback, e.g. `"ModelCheckpoint(save_freq=10)"`.
+
+    Example:
+
+    >>> per_batch_callbacks([keras.callbacks.TerminateOnNaN(), keras.callbacks.EarlyStopping()])
+    ('TerminateOnNaN',)
+    """
+    return tuple(entry for entry in map(_per_batch, callbacks) if entry)
+
+
+def _per_batch(callback) -> str | None:
+    name = type(callback).__name__
+    own = [hook for hook in BATCH_HOOKS if hook in vars(callback)]  # set on the instance: LambdaCallback
+    if own:
+        return f"{name}({', '.join(own)})"
+    if isinstance(callback, (keras.callbacks.ModelCheckpoint, keras.callbacks.BackupAndRestore)):
+        return f"{name}(save_freq={callback.save_freq})" if _counts_batches(callback.save_freq) else None
+    if isinstance(callback, keras.callbacks.TensorBoard):
+        return f"{name}(update_freq={callback.update_freq})" if _tensorboard_per_batch(callback) else None
+    if isinstance(callback, _DISPLAY_ONLY) and _keras_own(type(callback)):
+        return None
+    overridden = _overridden_hooks(type(callback))
+    return f"{name}({', '.join(overridden)})" if overridden else None
+
+
+def _counts_batches(save_freq) -> bool:
+    return save_freq not in ("epoch", False, None)
+
+
+def _tensorboard_per_batch(callback) -> bool:
+    """TensorBoard counts its calls as batches when it writes or profiles them."""
+    return (callback.update_freq != "epoch" or bool(callback.write_steps_per_second)
+            or bool(getattr(callback, "_should_trace", False)))
+
+
+def _keras_own(kind) -> bool:
+    return kind.__module__.startswith("keras.")
+
+
+def _overridden_hooks(kind) -> list[str]:
+    """The batch hooks a class defines beyond `keras.callbacks.Callback`'s
+    empty ones: Keras's own (TerminateOnNaN) and the user's alike."""
+    base = keras.callbacks.Callback
+    return [hook for hook in BATCH_HOOKS if getattr(kind, hook) is not getattr(base, hook)]
