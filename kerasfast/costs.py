@@ -195,6 +195,10 @@ class PeakFlops:
         self._shared = shared
         self._measured = {}
 
+    def measured(self, dtype: str) -> float | None:
+        """The peak in `dtype` if it was measured already, else None (nothing is measured)."""
+        return self._measured.get(dtype)
+
     def __call__(self, dtype: str) -> float:
         if dtype not in self._measured:
             value = measure_peak_flops(dtype)

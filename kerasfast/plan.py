@@ -703,14 +703,14 @@ def _resolve_steps_per_execution(requested, data: DataFacts, model: ModelFacts, 
     return chosen, f"{chosen}: step cost unknown, amortises ~{EXECUTION_OVERHEAD_S * 1e3:.1f} ms overhead per execution"
 
 
-def _resolve_threads(requested_intra, requested_inter, hardware: Hardware, run: RunFacts):
+def resolve_threads(requested_intra, requested_inter, hardware: Hardware, run: RunFacts):
+    """`({field: threads}, {field: reason})` for TensorFlow's two thread pools:
+    the plan's, and what a run configures before TensorFlow starts."""
     cores = hardware.cpu_cores
     wanted = {"intra_op_threads": cores, "inter_op_threads": min(2, cores)}
     requested = {"intra_op_threads": requested_intra, "inter_op_threads": requested_inter}
     values, reasons = {}, {}
-    for name, value in requested.items():
-        if value != "auto" and (not is_int(value) or value < 0):
-            raise PlanError(f"{name}={value!r} is not valid: use 'auto' or an integer >= 0 (0 = TensorFlow's default).")
+    _check_thread_requests(requested)
     if run.tf_runtime_started:
         for name, value in requested.items():
             current = run.current_intra_op_threads if name.startswith("intra") else run.current_inter_op_threads
@@ -835,6 +835,34 @@ def resolve_computation(hardware: Hardware, *, model: ModelFacts, data: DataFact
                        num_replicas, grad_accum_steps, remat, clipnorm, reasons)
 
 
+def check_overrides(hardware: Hardware, overrides: Overrides) -> None:
+    """Refuses an override whose value cannot work on this hardware, whatever
+    the model and data: the check a run makes first, before reading either.
+
+    Raises:
+        PlanError: Naming the argument and the values it takes.
+
+    Example:
+
+    >>> from kerasfast.hardware import detect_hardware
+    >>> check_overrides(detect_hardware(), Overrides(precision="fp8"))
+    Traceback (most recent call last):
+    ...
+    kerasfast.errors.PlanError: precision='fp8' is not known: use 'auto' or one of float32, mixed_float16, mixed_bfloat16, onednn_bfloat16.
+    """
+    batch, _ = _resolve_global_batch(overrides.batch_size, DataFacts(), [])
+    resolve_computation(hardware, model=ModelFacts(), data=DataFacts(), run=RunFacts(), overrides=overrides,
+                        num_replicas=1, strategy_name="none", global_batch=batch)
+    _check_learning_rate_request(overrides.learning_rate, overrides.lr_schedule)
+    _check_thread_requests({name: getattr(overrides, name) for name in ("intra_op_threads", "inter_op_threads")})
+
+
+def _check_thread_requests(requested: dict) -> None:
+    for name, value in requested.items():
+        if value != "auto" and (not is_int(value) or value < 0):
+            raise PlanError(f"{name}={value!r} is not valid: use 'auto' or an integer >= 0 (0 = TensorFlow's default).")
+
+
 def resolve_plan(
     hardware: Hardware,
     *,
@@ -902,7 +930,7 @@ def resolve_plan(
         f"optimizer updates: {run.epochs} epoch(s) x {steps_per_epoch} steps / {grad_accum_steps} accumulated"
         if total_steps else "unknown"
     )
-    threads, thread_reasons = _resolve_threads(overrides.intra_op_threads, overrides.inter_op_threads, hardware, run)
+    threads, thread_reasons = resolve_threads(overrides.intra_op_threads, overrides.inter_op_threads, hardware, run)
     reasons.update(thread_reasons)
     plan = Plan(
         strategy=strategy_name, num_replicas=num_replicas, precision=computation.precision,
@@ -1099,13 +1127,17 @@ class _LearningRate:
     reasons: dict
 
 
-def _resolve_learning_rate(overrides: Overrides, model: ModelFacts, total_steps: int | None, num_replicas: int,
-                           overridden: list) -> _LearningRate:
-    learning_rate, lr_schedule = overrides.learning_rate, overrides.lr_schedule
+def _check_learning_rate_request(learning_rate, lr_schedule) -> None:
     if lr_schedule != "auto" and lr_schedule not in LR_SCHEDULES:
         raise PlanError(f"lr_schedule={lr_schedule!r} is not known: use 'auto' or one of {', '.join(LR_SCHEDULES)}.")
     if learning_rate is not None and (not is_number(learning_rate) or learning_rate <= 0):
         raise PlanError(f"learning_rate={learning_rate!r} is not valid: use a positive number.")
+
+
+def _resolve_learning_rate(overrides: Overrides, model: ModelFacts, total_steps: int | None, num_replicas: int,
+                           overridden: list) -> _LearningRate:
+    learning_rate, lr_schedule = overrides.learning_rate, overrides.lr_schedule
+    _check_learning_rate_request(learning_rate, lr_schedule)
     reasons = {}
     optimizer, reasons["optimizer"], peak, schedule, reasons["lr_schedule"] = _resolve_optimizer_and_schedule(
         learning_rate, lr_schedule, model, total_steps)

@@ -68,6 +68,9 @@ def assert_matrix_trained(results, strategy, matrix=MATRIX, replicas=2):
         assert "refused" not in outcome, f"{config['name']} was refused: {outcome}"
         assert outcome["replicas"] == replicas and outcome["strategy"] == strategy
         assert outcome["loss"][-1] < outcome["loss"][0], f"{config['name']}: loss did not fall {outcome['loss']}"
+        # A checkpoint saved during the run is the model the user built (float32), as trained.
+        assert outcome["checkpoint_policies"] == ["float32"], (config["name"], outcome["checkpoint_policies"])
+        assert outcome["checkpoint_predicts_as_trained"], config["name"]
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import tensorflow as tf
 import kerasfast
 from kerasfast.errors import PlanError
 from kerasfast.plan import Plan
-from kerasfast.training.fit import _checked_jit
+from kerasfast.training.planning import checked_jit as _checked_jit
 
 
 class RoundTripThroughText(keras.layers.Layer):

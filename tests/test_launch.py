@@ -545,7 +545,9 @@ index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
 attempt = int(os.environ["KERASFAST_LAUNCH_ATTEMPT"])
 with open(pathlib.Path(sys.argv[1], "attempts.log"), "a") as log:
     log.write("%d %d\\n" % (attempt, index))
-print("kerasfast: resuming from /run/backup at epoch 2, step %d" % (4 * attempt) if attempt > 1 else "fresh start")
+if attempt > 1:  # the record kerasfast.fit writes when it resumes from a backup
+    from kerasfast.distribute import worker_state
+    worker_state.report(worker_state.RESUMED, epoch=2, step=4 * attempt)
 if index == 1 and str(attempt) in sys.argv[2].split(","):
     sys.exit(5)
 time.sleep(0.5 if index == 1 else 1.5)

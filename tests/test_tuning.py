@@ -189,8 +189,7 @@ def test_a_rigged_candidate_is_not_chosen(how, verdict):
     batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(32).take(16).cache()
     before = [w.copy() for w in model.get_weights()]
     with borrowed(model, candidates[0]):
-        chosen, table, *_ = tuning.tune_plan(model, candidates, tf.distribute.get_strategy(), batches,
-                                             samples_per_step=32, budget_s=60)
+        chosen, table, *_ = tuning.tune_plan(model, candidates, tf.distribute.get_strategy(), batches, budget_s=60)
     assert chosen.precision == "float32" and table[0].verdict == "chosen"
     assert table[1].verdict == verdict
     for a, b in zip(before, model.get_weights(), strict=True):

@@ -12,6 +12,7 @@ from kerasfast.data.files import resolve_files
 from kerasfast.data.framing import NOT_TFRECORD
 from kerasfast.data.schema import Schema
 from kerasfast.data.validation import (
+    ON_ERROR,
     FileReport,
     ValidationReport,
     check_file,
@@ -371,7 +372,7 @@ def _checked_request(request: _Request) -> _Request:
     batch_size, on_error, validate, cache = request.batch_size, request.on_error, request.validate, request.cache
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise DataError(f"batch_size={batch_size!r}: pass a positive integer.")
-    if on_error not in ("raise", "skip"):
+    if on_error not in ON_ERROR:
         raise DataError(f"on_error={on_error!r}: use 'raise' or 'skip'.")
     if validate is None:
         validate = "full" if on_error == "skip" else "quick"

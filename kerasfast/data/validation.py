@@ -32,6 +32,9 @@ from kerasfast.data.schema import SCHEMA_FILENAME, Schema, normalize_compression
 from kerasfast.data.messages import tf_error_text
 from kerasfast.errors import DataError
 
+# What a reader does with a damaged record: name it in a `DataError`, or leave it out and warn.
+ON_ERROR = ("raise", "skip")
+
 PARSE_CHUNK = 256
 MAX_SHOWN = 5
 

@@ -26,6 +26,7 @@ from kerasfast.data.schema import (
     normalize_compression,
 )
 from kerasfast.data.sources import AUTO, LABEL_IF_PRESENT, BadRecord, EncodedImage, open_source
+from kerasfast.data.validation import ON_ERROR
 from kerasfast.errors import DataError
 
 # Big enough that per-file overhead does not matter, small enough that a
@@ -259,7 +260,7 @@ def write_tfrecords(
 def _checked_arguments(compression, on_error, image_encoding, shards, prefix) -> str | None:
     """Refuses bad arguments before anything is read or written; returns the normalised compression."""
     compression = normalize_compression(compression)
-    if on_error not in ("raise", "skip"):
+    if on_error not in ON_ERROR:
         raise DataError(f"on_error={on_error!r}: use 'raise' or 'skip'.")
     if image_encoding not in (None, "png", "jpeg"):
         raise DataError(f"image_encoding={image_encoding!r}: use None (raw), 'png' or 'jpeg'.")

@@ -50,8 +50,8 @@ worker of the new attempt starts afresh, and a script that trains with
 `kerasfast.fit` resumes exactly from the backup in its run folder (which
 every worker must see: a shared volume on a cluster). Each worker gets
 `KERASFAST_LAUNCH_ATTEMPT` (1, 2, ...). The launcher prints which attempt
-runs and, from the workers' own "resuming from" line, the step it resumed
-from; after the last failed attempt it prints every failure and exits with
+runs and, from the workers' own records (`kerasfast.distribute.worker_state`),
+the step it resumed from; after the last failed attempt it prints every failure and exits with
 the last one's code. A stop signal to the launcher is never restarted.
 
 Signals. SIGINT, SIGTERM and SIGHUP to the launcher are forwarded to every
@@ -67,14 +67,17 @@ import errno
 import ipaddress
 import json
 import os
-import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import typing
 
+from kerasfast.distribute import worker_state
 from kerasfast.errors import PlanError
 
 # A stopped worker gets this long after the first signal before SIGKILL, so
@@ -103,8 +106,6 @@ ATTEMPT_ENV = "KERASFAST_LAUNCH_ATTEMPT"
 # peer's sockets and a full disk's temporary files to clear, short against
 # any training run.
 RESTART_DELAY_S = 2.0
-# What `kerasfast.fit` prints when it resumes from a backup.
-_RESUMED = re.compile(r"kerasfast: resuming from .* at (epoch \d+, step \d+)")
 
 # The holder: makes the namespace, brings its loopback up, says "ready
 # <kind>" (or "error <reason>") and waits until its stdin closes, by which
@@ -431,11 +432,9 @@ class _Output:
                 self._broken = True
 
 
-def _pump(stream, prefix: str, out: _Output, on_line=None) -> None:
+def _pump(stream, prefix: str, out: _Output) -> None:
     for line in iter(stream.readline, ""):
         out.write(f"{prefix}{line}")
-        if on_line is not None:
-            on_line(line)
     stream.close()
 
 
@@ -593,13 +592,24 @@ def launch(command: list[str], num_workers: int, *, port: int | None = None, hos
         base_env = {**(os.environ if env is None else env), **(reservation.worker_env() if reservation else {}),
                     "PYTHONUNBUFFERED": "1"}
         with _StopSignals() as signals:
-            return _run_attempts(command, workers, base_env, output, reservation, namespace, signals, restarts,
-                                 restart_delay_s)
+            job = _Job(command, workers, base_env, output, namespace, signals)
+            return _run_attempts(job, reservation, restarts, restart_delay_s)
 
 
-def _run_attempts(command, workers, base_env, output, reservation, namespace, signals, restarts,
-                  restart_delay_s) -> int:
+class _Job(typing.NamedTuple):
+    """What every attempt of a job starts and watches."""
+
+    command: list
+    workers: list
+    base_env: dict
+    output: object
+    namespace: object
+    signals: object
+
+
+def _run_attempts(job: _Job, reservation, restarts, restart_delay_s) -> int:
     """Runs attempts of the job until one succeeds, is stopped, or `restarts` are spent."""
+    command, workers, base_env, output, namespace, signals = job
     failures: list[AttemptOutcome] = []
     attempts = restarts + 1
     if reservation is not None and not reservation.shared:
@@ -640,16 +650,13 @@ def _run(command, workers, base_env, output, namespace, signals) -> AttemptOutco
     started = time.monotonic()
     stop_with, signals_seen = signal.SIGTERM, len(signals.received)
 
-    def note_resume(line: str) -> None:
-        match = _RESUMED.search(line)
-        if match and outcome.resumed_from is None:
-            outcome.resumed_from = match.group(1)
-
+    state_dir = _state_dir()
     try:
         for index in range(len(workers)):
             if signals.received:
                 break
-            worker_env = {**base_env, "TF_CONFIG": tf_config(workers, index)}
+            worker_env = {**base_env, "TF_CONFIG": tf_config(workers, index),
+                          worker_state.STATE_ENV: _state_file(state_dir, index)}
             # Its own session, so that the worker and whatever it starts
             # form one process group that can be signalled as a whole.
             process = subprocess.Popen(namespace.command(command) if namespace else command, env=worker_env,
@@ -657,8 +664,7 @@ def _run(command, workers, base_env, output, namespace, signals) -> AttemptOutco
                                        errors="replace", start_new_session=True,
                                        pass_fds=namespace.pass_fds if namespace else ())
             processes.append(process)
-            pump = threading.Thread(target=_pump, args=(process.stdout, f"[worker {index}] ", output, note_resume),
-                                    daemon=True)
+            pump = threading.Thread(target=_pump, args=(process.stdout, f"[worker {index}] ", output), daemon=True)
             pump.start()
             pumps.append(pump)
         while True:
@@ -685,8 +691,29 @@ def _run(command, workers, base_env, output, namespace, signals) -> AttemptOutco
         deadline = time.monotonic() + OUTPUT_DRAIN_S
         for pump in pumps:
             pump.join(timeout=max(0.0, deadline - time.monotonic()))
+        records = [record for index in range(len(processes))
+                   for record in worker_state.read(_state_file(state_dir, index))]
+        outcome.resumed_from = worker_state.resumed_from(records)
+        shutil.rmtree(state_dir, ignore_errors=True)
     outcome.seconds = time.monotonic() - started
     return outcome
+
+
+def _state_dir() -> str:
+    """A folder for the workers' state files, which they can write also when
+    they run as another user (a root launcher runs them as nobody)."""
+    folder = tempfile.mkdtemp(prefix="kerasfast-launch-")
+    os.chmod(folder, 0o755)
+    return folder
+
+
+def _state_file(folder: str, index: int) -> str:
+    path = os.path.join(folder, f"worker{index}.jsonl")
+    if not os.path.exists(path):
+        with open(path, "w", encoding="utf-8"):
+            pass
+        os.chmod(path, 0o666)
+    return path
 
 
 def _signal_group(process, signum) -> None:

@@ -13,6 +13,7 @@ process, so it is created once and reused: call
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -98,6 +99,15 @@ class Distribution:
     @property
     def is_chief(self) -> bool:
         return self.cluster.is_chief
+
+
+def scope_of(strategy):
+    """`strategy.scope()`, or a block that does nothing for None (one device).
+
+    >>> with scope_of(None):
+    ...     pass
+    """
+    return strategy.scope() if strategy is not None else contextlib.nullcontext()
 
 
 def _runtime_started() -> bool:

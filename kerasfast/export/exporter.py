@@ -312,7 +312,7 @@ def _artifact_row(job: _Job, staging: _Staging, name: str) -> ArtifactReport:
     if isinstance(built, ArtifactReport):  # kept, but could not be run
         return built
     reference = job.tflite_reference if spec.is_tflite or spec.is_onnx else job.keras_reference
-    row = _measure(name, spec.filename, target, built.predict, job.comparison, reference, job.evaluation, job.loss_fn)
+    row = _measure(name, spec.filename, target, built.predict, reference, job)
     row.sparsity = job.sparsity
     row.notes = _join_notes(row.notes, built.notes)
     row.quantization = built.quantization
@@ -460,7 +460,8 @@ def _export_keras_int8(model, target):
     clone.export(str(target), format="tf_saved_model", verbose=False)
 
 
-def _measure(name, filename, target, predict, comparison, reference, evaluation, loss_fn) -> ArtifactReport:
+def _measure(name, filename, target, predict, reference, job) -> ArtifactReport:
+    comparison, evaluation, loss_fn = job.comparison, job.evaluation, job.loss_fn
     row = ArtifactReport(format=name, path=filename)
     row.size_bytes, row.gzip_bytes = artifact_sizes(target)
     outputs = np.asarray(predict(comparison), dtype=np.float32)

@@ -125,14 +125,16 @@ def candidate_batches(num_samples: int | None, num_replicas: int = 1) -> list[in
     return batches
 
 
-def find_batch_size(model, plan, strategy, make_batches, *, num_samples: int | None, accelerator: str,
-                    bytes_per_sample: int | None = None, memory_limit_bytes: int | None = None,
+def find_batch_size(model, computation_at, strategy, make_batches, *, num_samples: int | None, accelerator: str,
+                    num_replicas: int = 1, bytes_per_sample: int | None = None, memory_limit_bytes: int | None = None,
                     budget_s: float = SEARCH_BUDGET_S, agree=None) -> BatchSizeFinding:
     """Tries doubling batch sizes with real train steps and picks one.
 
     Args:
         model: The compiled, built model (its state is restored afterwards).
-        plan: The run's plan; each candidate runs it with another batch.
+        computation_at: `f(global_batch) -> kerasfast.plan.Computation`: how
+            the run's steps would compute at that batch (precision, XLA,
+            steps per execution), which each candidate runs.
         strategy: The `tf.distribute.Strategy` (the default one on one device).
         make_batches: `f(batch_size) -> tf.data.Dataset` of a few batches of
             that size, from the run's own data.
@@ -143,6 +145,7 @@ def find_batch_size(model, plan, strategy, make_batches, *, num_samples: int | N
             (`kerasfast.costs.activation_bytes_per_sample`), for the bound.
         memory_limit_bytes: The memory bound; None: on a CPU
             `cpu_memory_bound()`, on a GPU whatever runs without running out.
+        num_replicas: Replicas sharing each global batch.
         budget_s: Seconds the search may take.
         agree: `f(flag) -> flag` making a yes/no decision the chief's on every
             worker; None on one process.
@@ -165,7 +168,7 @@ def find_batch_size(model, plan, strategy, make_batches, *, num_samples: int | N
     def decided(flag: bool) -> bool:
         return agree(flag) if agree is not None else flag
 
-    for index, batch in enumerate(candidate_batches(num_samples, plan.num_replicas)):
+    for index, batch in enumerate(candidate_batches(num_samples, num_replicas)):
         trial = BatchTrial(batch)
         trials.append(trial)
         if bytes_per_sample:
@@ -177,14 +180,11 @@ def find_batch_size(model, plan, strategy, make_batches, *, num_samples: int | N
         if index and decided(time.perf_counter() - started > budget_s):
             trial.verdict = "not tried: search budget spent"
             break
-        # The same samples per execution as the plan: a big batch does not
-        # run many steps per timing.
-        candidate = dataclasses.replace(plan, global_batch_size=batch, per_replica_batch_size=batch // plan.num_replicas,
-                                        steps_per_execution=max(1, plan.steps_per_execution * trials[0].batch_size // batch))
+        candidate = computation_at(batch)
         try:
-            with borrowed(model, candidate), tuning.state_restored(model):
-                trial.samples_per_second = tuning._measure(
-                    model, candidate, strategy, make_batches(batch), batch, functions, index,
+            with borrowed(model, None), tuning.state_restored(model):
+                trial.samples_per_second = tuning.measure(
+                    model, candidate, strategy, make_batches(batch), functions, index,
                     fixed_executions=tuning.FIXED_EXECUTIONS if agree is not None else None).samples_per_second
         except tf.errors.ResourceExhaustedError:
             trial.verdict = "out of memory"

@@ -50,6 +50,16 @@ class PreparedData:
     description: str
     sample_batch: object = None
     source: str = "dataset"
+    remake: object = None  # f(batch_size, **changes): the same data, batched anew
+
+    def rebatched(self, batch_size: int, **changes) -> "PreparedData":
+        """The same data batched by `batch_size` (arrays and TFRecords, which kerasfast batches).
+
+        Args:
+            batch_size: The new batch size.
+            **changes: Other `prepare_data` arguments to change (e.g. `shuffle=False`).
+        """
+        return self.remake(batch_size, **changes)
 
 
 def _unpack(batch):
@@ -195,9 +205,10 @@ def _first_dim(structure) -> int | None:
     return None
 
 
-def _from_arrays(x, y, sample_weight, class_weight, batch_size: int, shuffle, seed, what: str,
-                 repeat: bool) -> PreparedData:
+def _from_arrays(x, y, sample_weight, reading: "_Reading") -> PreparedData:
     import keras
+
+    class_weight, batch_size, what = reading.class_weight, reading.batch_size, reading.what
 
     x, y, sample_weight = (_arrays(part) if part is not None else None for part in (x, y, sample_weight))
     _check_not_strings(y, "y", what)
@@ -230,7 +241,8 @@ def _from_arrays(x, y, sample_weight, class_weight, batch_size: int, shuffle, se
     packed = keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
     # The whole packed structure as `x` makes every element that structure.
     # The endless, stateless stream lets a resumed run replay the exact order.
-    dataset = array_dataset(packed, None, batch_size=batch_size, shuffle=bool(shuffle), seed=seed, repeat=repeat)
+    dataset = array_dataset(packed, None, batch_size=batch_size, shuffle=bool(reading.shuffle), seed=reading.seed,
+                            repeat=reading.repeat)
     # As tensors: NumPy object arrays (pandas strings) have no Keras dtype.
     sample = keras.tree.map_structure(lambda a: first_rows(a, batch_size), packed)
     facts = DataFacts(batch_size=None, num_samples=num_samples, steps_per_epoch=math.ceil(num_samples / batch_size))
@@ -276,13 +288,13 @@ def _from_adapter(x, class_weight, shuffle, what: str) -> PreparedData:
                         f"{kind}, {f'{steps} batches' if steps else 'unknown length'}, batch {batch}", first)
 
 
-def _tfrecords(pattern: str, batch_size: int, shuffle: bool, seed: int | None, what: str,
-               on_error: str) -> PreparedData:
+def _tfrecords(pattern: str, reading: "_Reading") -> PreparedData:
     from kerasfast import data as kf_data
 
-    dataset = kf_data.tfrecord_dataset(pattern, batch_size=batch_size, shuffle=shuffle, seed=seed, on_error=on_error)
+    dataset = kf_data.tfrecord_dataset(pattern, batch_size=reading.batch_size, shuffle=reading.shuffle,
+                                       seed=reading.seed, on_error=reading.on_error)
     info = dataset.kerasfast_info
-    prepared = _dataset(dataset, what)
+    prepared = _dataset(dataset, reading.what)
     prepared.facts = DataFacts(batch_size=None, num_samples=info.num_records, steps_per_epoch=info.steps_per_epoch)
     records = f", {info.num_records} records" if info.num_records else ""
     prepared.description = f"TFRecords {pattern}{records}; pipeline: {info.settings}"
@@ -337,13 +349,37 @@ def prepare_data(x, y=None, sample_weight=None, *, batch_size: int | None, class
     Raises:
         DataError: For data that cannot be used, naming what is wrong.
     """
+    reading = _Reading(batch_size or 32, class_weight, shuffle, seed, what, repeat, on_error)
+    prepared = _prepared(x, y, sample_weight, reading)
+
+    def remake(new_batch_size: int, **changes) -> PreparedData:
+        return _prepared(x, y, sample_weight, dataclasses.replace(reading, batch_size=new_batch_size, **changes))
+
+    prepared.remake = remake
+    return prepared
+
+
+@dataclasses.dataclass(frozen=True)
+class _Reading:
+    """How `prepare_data` reads and batches (its arguments beside the data)."""
+
+    batch_size: int
+    class_weight: object
+    shuffle: object
+    seed: int | None
+    what: str
+    repeat: bool
+    on_error: str
+
+
+def _prepared(x, y, sample_weight, reading: _Reading) -> PreparedData:
     import tensorflow as tf
 
-    batch_size = batch_size or 32
     x, y, sample_weight = unpacked(x, y, sample_weight)
+    what, class_weight = reading.what, reading.class_weight
     if isinstance(x, (str, os.PathLike)):
         _no_arrays_beside(x, y, sample_weight, "a TFRecord path")
-        prepared = _tfrecords(os.fspath(x), batch_size, shuffle, seed, what, on_error)
+        prepared = _tfrecords(os.fspath(x), reading)
         if class_weight is not None:
             weighted = _dataset(prepared.dataset, what, class_weight)
             prepared.dataset, prepared.sample_batch = weighted.dataset, weighted.sample_batch
@@ -354,12 +390,12 @@ def prepare_data(x, y=None, sample_weight=None, *, batch_size: int | None, class
     if x is None:
         raise DataError(f"{what}: x is None; pass the training data (arrays, a tf.data.Dataset, a PyDataset, ...).")
     if _compat.can_convert_arrays((x, y, sample_weight)):
-        return _from_arrays(x, y, sample_weight, class_weight, batch_size, shuffle, seed, what, repeat)
+        return _from_arrays(x, y, sample_weight, reading)
     import keras
 
     if isinstance(x, keras.utils.PyDataset) or hasattr(x, "__next__"):
         _no_arrays_beside(x, y, sample_weight, f"a {type(x).__name__}")
-        return _from_adapter(x, class_weight, shuffle, what)
+        return _from_adapter(x, class_weight, reading.shuffle, what)
     raise DataError(
         f"{what} of type {type(x).__name__} is not supported: pass arrays (NumPy, tensors, pandas; a dict, list or "
         "tuple of them for several inputs), a tf.data.Dataset, a keras.utils.PyDataset, a generator, or a TFRecord "

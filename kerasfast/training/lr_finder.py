@@ -30,6 +30,7 @@ import numpy as np
 
 from kerasfast._atomic import replace_durably
 from kerasfast import _compat
+from kerasfast.distribute.strategy import scope_of
 from kerasfast.errors import ModelError, PlanError, RunFolderError
 from kerasfast.runs import write_json
 from kerasfast.training import optimizers
@@ -185,7 +186,7 @@ def find_learning_rate(model, x, y=None, *, batch_size: int | None = None, loss=
     check_inputs_match(model, prepared.sample_inputs, _WHAT)
     rates = min_lr * (max_lr / min_lr) ** (np.arange(num_steps) / (num_steps - 1))
     strategy = getattr(model, "distribute_strategy", None)
-    with strategy.scope() if strategy is not None else contextlib.nullcontext():
+    with scope_of(strategy):
         with _borrowed(model, settings, prepared.sample_batch):
             batches = _repeated(prepared.dataset, one_shot=_is_one_shot(x))
             raw, smoothed, stopped = _sweep(model, batches, rates, smoothing, diverge_factor)

@@ -15,6 +15,7 @@ import dataclasses
 import keras
 
 from kerasfast import _compat
+from kerasfast.distribute.strategy import scope_of
 from kerasfast.errors import DataError, ModelError
 
 FLOAT_POLICIES = ("float32", "float16", "bfloat16", "float64", "mixed_float16", "mixed_bfloat16")
@@ -267,14 +268,11 @@ def prepare_model(model_or_builder, sample_inputs, *, strategy=None, own_steps: 
             model created outside the strategy's scope.
     """
 
-    def scope():
-        return strategy.scope() if strategy is not None else contextlib.nullcontext()
-
     if isinstance(model_or_builder, keras.Model):
         model = model_or_builder
         if strategy is None or model.distribute_strategy is strategy:
             if not own_steps:
-                with scope():
+                with scope_of(strategy):
                     _ensure_built(model, sample_inputs)
             return PreparedModel(model, model, False, "your model object, trained in place")
         if not _is_graph_model(model) or own_steps:
@@ -285,14 +283,14 @@ def prepare_model(model_or_builder, sample_inputs, *, strategy=None, own_steps: 
                 "kerasfast.fit(lambda: make_model(), ...) is called in the strategy's scope."
             )
         _ensure_built(model, sample_inputs)
-        with scope():
+        with scope_of(strategy):
             clone = clone_under(model, "float32")
             _ensure_built(clone, sample_inputs)
             copy_weights(model, clone)
         return PreparedModel(clone, model, True,
                              "rebuilt in the strategy's scope; weights and optimizer state carried back after")
     if callable(model_or_builder):
-        with scope():
+        with scope_of(strategy):
             model = model_or_builder()
             if not isinstance(model, keras.Model):
                 raise ModelError(

@@ -14,7 +14,7 @@ import math
 import keras
 
 from kerasfast import _compat
-from kerasfast.plan import HOLD_FRACTION, Plan
+from kerasfast.plan import DEFAULT_LEARNING_RATE, HOLD_FRACTION, Plan
 from kerasfast.training.schedules import OneCycle, StartingAt, WarmupHoldCosine, warmup_cosine
 
 # AdamW's decoupled weight decay for the default optimizer (Loshchilov &
@@ -49,9 +49,19 @@ def learning_rate_schedule(plan: Plan):
     return plan.learning_rate
 
 
-def default_optimizer(plan: Plan):
-    """kerasfast's optimizer for a model compiled without one: AdamW with the plan's schedule."""
-    return keras.optimizers.AdamW(learning_rate=learning_rate_schedule(plan), weight_decay=DEFAULT_WEIGHT_DECAY)
+def default_optimizer():
+    """kerasfast's optimizer for a model compiled without one: AdamW, whose
+    learning rate becomes the plan's once the run is planned (`take_plans_rate`)."""
+    return keras.optimizers.AdamW(learning_rate=DEFAULT_LEARNING_RATE, weight_decay=DEFAULT_WEIGHT_DECAY)
+
+
+def take_plans_rate(optimizer, plan: Plan) -> None:
+    """Gives kerasfast's own optimizer (`default_optimizer`) the plan's learning rate or schedule, for good."""
+    rate, inner = learning_rate_schedule(plan), unwrap(optimizer)
+    if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+        _compat.set_learning_rate_store(inner, rate)
+    else:
+        inner.learning_rate = rate
 
 
 def copy_of(optimizer):

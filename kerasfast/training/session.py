@@ -135,6 +135,9 @@ def borrowed(model, plan):
     with contextlib.ExitStack() as stack:
         stack.enter_context(model_attributes_restored(model))
         planned_rate = None
+        if plan is None:  # a search's measurement: the optimizer as it is
+            yield stack.enter_context(optimizer_settings(model.optimizer))
+            return
         if model.optimizer is not None:
             # A schedule spans this run: counted from the updates the optimizer made before it.
             done = int(keras.ops.convert_to_numpy(model.optimizer.iterations))

@@ -146,7 +146,7 @@ def values_restored(variables):
 
 
 class Timing(NamedTuple):
-    """One measurement of a candidate (`_measure`)."""
+    """One measurement of a candidate (`measure`)."""
 
     samples_per_second: float
     loss: float  # the first execution's mean loss (NaN when any loss was not finite)
@@ -162,8 +162,8 @@ class Tuned(NamedTuple):
     seconds: float  # tuning's own cost: its time less the chosen plan's compilation, which training reuses
 
 
-def tune_plan(model, candidates: list, strategy, batches, *, samples_per_step: int, budget_s: float,
-              reference_precision: str = "float32", agree=None) -> Tuned:
+def tune_plan(model, candidates: list, strategy, batches, *, budget_s: float, reference_precision: str = "float32",
+              agree=None) -> Tuned:
     """Measures `candidates` (plans differing in TUNED_FIELDS) and picks the fastest.
 
     Runs inside `session.borrowed(model, candidates[0])`, the block training
@@ -179,7 +179,6 @@ def tune_plan(model, candidates: list, strategy, batches, *, samples_per_step: i
         strategy: The `tf.distribute.Strategy` (the default one on one device).
         batches: A finite `tf.data.Dataset` of batches, repeated for each
             candidate so that all see the same data.
-        samples_per_step: Global batch size, to turn steps/s into samples/s.
         budget_s: Seconds tuning may take; candidates not reached are listed
             as "not measured".
         reference_precision: Losses are compared with this precision's.
@@ -219,8 +218,8 @@ def tune_plan(model, candidates: list, strategy, batches, *, samples_per_step: i
                 began = time.perf_counter()
                 with state_restored(model):
                     try:
-                        timing = _measure(model, plan, strategy, batches, samples_per_step, functions, index,
-                                          fixed_executions=FIXED_EXECUTIONS if agree is not None else None)
+                        timing = measure(model, plan, strategy, batches, functions, index,
+                                         fixed_executions=FIXED_EXECUTIONS if agree is not None else None)
                     except Exception as error:  # a candidate that cannot run is rejected, not fatal
                         lines = [line.strip() for line in str(error).splitlines() if line.strip()]
                         row.verdict = f"rejected: {type(error).__name__}: {(lines or [''])[-1][:160]}"
@@ -272,10 +271,10 @@ def _judge(table: list[Measurement], reference_precision: str) -> None:
             row.verdict = "ok"
 
 
-def _measure(model, plan, strategy, batches, samples_per_step, functions: dict, index, *,
-             fixed_executions: int | None = None) -> Timing:
+def measure(model, plan, strategy, batches, functions: dict, index, *, fixed_executions: int | None = None) -> Timing:
     """Steady-state samples/s, and the first execution's loss, of `plan`'s
-    train steps on `batches`; `functions[index]` keeps the steps compiled.
+    train steps on `batches` (of `plan.global_batch_size` samples);
+    `functions[index]` keeps the steps compiled.
 
     Runs for `MEASURE_S`, or `fixed_executions` executions when every worker
     must run the same number (each execution holds collectives). Call it
@@ -297,7 +296,7 @@ def _measure(model, plan, strategy, batches, samples_per_step, functions: dict, 
                                              optimizer=scaler, precision=plan.precision, remat=plan.remat)
         steps = functions[index]
         with values_restored(_own_variables(steps.optimizer, model.optimizer)):
-            return _timed(steps, strategy, batches, samples_per_step * plan.steps_per_execution, fixed_executions)
+            return _timed(steps, strategy, batches, plan.global_batch_size * plan.steps_per_execution, fixed_executions)
 
 
 def _own_variables(optimizer, inner) -> list:

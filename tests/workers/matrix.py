@@ -43,20 +43,32 @@ def build():
     return keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="tanh"), keras.layers.Dense(10)])
 
 
+def checkpoint_as_built(path, model) -> dict:
+    """What a ModelCheckpoint saved during the run: its layers' dtype policies, and whether it predicts
+    as the trained model does (it must be the model as the user built it, whatever the plan computed in)."""
+    saved = keras.models.load_model(path)
+    same = np.array_equal(saved.predict(x[:64], verbose=0), model.predict(x[:64], verbose=0))
+    return {"checkpoint_policies": sorted({layer.dtype_policy.name for layer in saved.layers}),
+            "checkpoint_predicts_as_trained": bool(same)}
+
+
 results = {}
 for config in configs:
     name = config.pop("name")
+    checkpoint = out_dir / f"{name}.worker{index}.keras"
     try:
         result = kerasfast.fit(
             build, (x, y), strategy=strategy, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            optimizer=keras.optimizers.SGD(config.pop("learning_rate", 0.1)), run_dir=False, verbose=0, **config,
+            optimizer=keras.optimizers.SGD(config.pop("learning_rate", 0.1)), run_dir=False, verbose=0,
+            callbacks=[keras.callbacks.ModelCheckpoint(str(checkpoint))], **config,
         )
         weights = [w.astype("float64") for w in result.model.get_weights()]
         np.savez(out_dir / f"{name}.worker{index}.npz", *weights)
         replica_gap = replica_gap_of(result.train_model)  # per-device copies of each variable agree
         results[name] = {"loss": result.history.history["loss"], "replicas": result.plan.num_replicas,
                          "strategy": result.plan.strategy, "replica_gap": replica_gap,
-                         "steps_per_epoch": result.plan.steps_per_epoch}
+                         "steps_per_epoch": result.plan.steps_per_epoch,
+                         **checkpoint_as_built(checkpoint, result.model)}
     except kerasfast.KerasfastError as error:
         results[name] = {"refused": f"{type(error).__name__}: {error}"}
 (out_dir / f"results.worker{index}.json").write_text(json.dumps(results))

@@ -1,0 +1,140 @@
+"""The facts a run is planned from, each found once, before any plan.
+
+`start` decides what must come before TensorFlow touches data or model:
+the hardware, the thread pools (they can only be sized before TensorFlow's
+runtime starts), the strategy, a backup to resume from and the seed.
+`model_facts` reads the model and its compile settings; `run_facts` the
+process, with the peak FLOP/s measured only if the plan asks for it, once.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import keras
+import numpy as np
+
+from kerasfast import _compat, costs, threads
+from kerasfast._checks import is_int
+from kerasfast.distribute import resolve_strategy
+from kerasfast.distribute.consensus import chief_value
+from kerasfast.hardware import detect_hardware
+from kerasfast.plan import Findings, ModelFacts, RunFacts, check_overrides, resolve_threads
+from kerasfast.training import optimizers
+from kerasfast.training.backup import Backup
+from kerasfast.training.batch_callbacks import per_batch_callbacks
+from kerasfast.training.run import Run
+
+
+def start(run: Run) -> None:
+    """Hardware, thread pools, strategy, backup and seed: decided once, first."""
+    args = run.args
+    run.hardware = detect_hardware()
+    check_overrides(run.hardware, args.overrides)  # every value checked before data or model are read
+    started, current = threads.runtime_started(), threads.current_threads()
+    if not started:
+        chosen, _ = resolve_threads(args.overrides.intra_op_threads, args.overrides.inter_op_threads, run.hardware,
+                                    RunFacts(tf_runtime_started=False))
+        threads.configure_threads(chosen["intra_op_threads"], chosen["inter_op_threads"])
+    run.distribution = resolve_strategy(args.strategy, run.hardware)
+    backup_dir = args.backup_dir
+    if backup_dir is None and args.run_dir not in (None, False):
+        backup_dir = pathlib.Path(args.run_dir) / "backup"
+    if backup_dir not in (None, False):
+        run.backup = Backup(backup_dir, is_chief=run.is_chief)
+        if args.resume == "fresh":
+            run.backup.clear()
+        else:
+            run.progress = run.backup.progress()
+    run.seed = _seed(run)
+    if run.progress is not None:
+        run.findings = Findings(recorded=run.progress.plan or {})
+    run.run_facts = RunFacts(
+        epochs=args.epochs, tf_runtime_started=started, current_intra_op_threads=current[0],
+        current_inter_op_threads=current[1], op_determinism=_compat.op_determinism_enabled(),
+        user_batch_callbacks=per_batch_callbacks(args.callbacks),
+        peak_flops=costs.PeakFlops(shared=_shared(run)),
+    )
+
+
+def _seed(run: Run) -> int:
+    if run.progress is not None:
+        return run.progress.seed  # the resumed run must see the same data order
+    if run.args.seed is not None:
+        return run.args.seed
+    # Every worker must shuffle identically (or sharding by data would give
+    # workers overlapping samples), and a resumable run must be able to
+    # replay its order: both need a fixed seed. Drawn from NumPy's global
+    # generator, so `keras.utils.set_random_seed` fixes it.
+    return 0 if run.distribution.name == "multi_worker" else int(np.random.randint(2**31 - 1))
+
+
+def _shared(run: Run):
+    """`f(value)`: the chief's value on every worker (a timing differs between
+    workers, and their plans must be equal); None on one process."""
+    if run.distribution.name != "multi_worker":
+        return None
+    distribution = run.distribution
+    return lambda value: chief_value(distribution, value)
+
+
+def model_facts(model, train_data, optimizer) -> ModelFacts:
+    """What the plan needs to know about the model and its compile settings."""
+    settings = _compat.compile_config(model)
+    user_optimizer = optimizer if optimizer is not None else (model.optimizer if model.compiled else None)
+    template = keras.optimizers.get(user_optimizer) if isinstance(user_optimizer, str) else user_optimizer
+    own_step = _compat.overridden_step(model, "train_step")
+    flops = None
+    if own_step is None:
+        shapes, dtypes = sample_shape(train_data.sample_inputs)
+        flops = costs.forward_flops(model, shapes, dtypes)
+    spe = settings.get("steps_per_execution", 1)
+    layers = _compat.flatten_layers(model, include_self=False)
+    return ModelFacts(
+        layers_without_jit=tuple(layer.name for layer in _compat.flatten_layers(model, include_self=True)
+                                 if not getattr(layer, "supports_jit", True)),
+        forward_flops_per_sample=flops.total if flops else None,
+        depthwise_conv_flops=flops.by_op_type.get("DepthwiseConv2dNative", 0) if flops else 0,
+        recurrent_layers=_names_of(layers, keras.layers.RNN),
+        layer_norm_layers=_names_of(layers, keras.layers.LayerNormalization),
+        batch_norm_layers=_names_of(layers, keras.layers.BatchNormalization),
+        random_layers=tuple(layer.name for layer in layers if _draws_random_numbers(layer)),
+        conv_flops=sum(count for op, count in flops.by_op_type.items() if op.startswith(("Conv", "DepthwiseConv")))
+        if flops else 0,
+        user_optimizer=type(optimizers.unwrap(template)).__name__ if template is not None else None,
+        user_learning_rate=optimizers.constant_learning_rate(template) if template is not None else None,
+        custom_train_step=own_step,
+        compile_jit_compile=settings.get("jit_compile", "auto"),
+        compile_steps_per_execution=spe if is_int(spe) else 1,
+        run_eagerly=bool(settings.get("run_eagerly")),
+        loss_scaled=isinstance(template, keras.optimizers.LossScaleOptimizer),
+        built_under=_mixed_policy(layers),
+    )
+
+
+def sample_shape(sample):
+    """`(shapes, dtypes)` of one batch's tensors, without the batch dimension."""
+    import tensorflow as tf
+
+    shapes = tf.nest.map_structure(lambda t: tuple(t.shape[1:]), sample)
+    dtypes = tf.nest.map_structure(lambda t: t.dtype, sample)
+    return shapes, dtypes
+
+
+def _names_of(layers, layer_class) -> tuple[str, ...]:
+    return tuple(layer.name for layer in layers if isinstance(layer, layer_class))
+
+
+def _draws_random_numbers(layer) -> bool:
+    """Dropout, noise and random augmentation layers (each holds a Keras
+    seed generator), unless their rate or deviation is 0."""
+    if not any(isinstance(value, keras.random.SeedGenerator) for value in vars(layer).values()):
+        return False
+    return all(getattr(layer, name, 1) != 0 for name in ("rate", "stddev"))
+
+
+def _mixed_policy(layers) -> str | None:
+    """The mixed dtype policy most of the layers were built under, if any."""
+    mixed = [layer.dtype_policy.name for layer in layers
+             if getattr(layer, "dtype_policy", None) is not None and layer.dtype_policy.name.startswith("mixed_")]
+    return max(set(mixed), key=mixed.count) if mixed else None

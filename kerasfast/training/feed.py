@@ -1,0 +1,83 @@
+"""The data phase: the training data read once into a batched pipeline
+(which a batch-size search re-batches), Keras's validation arguments, and
+the stream each training step reads from."""
+
+from __future__ import annotations
+
+import os
+
+from kerasfast.data import service
+from kerasfast.errors import PlanError
+from kerasfast.training.data_errors import damage_named
+from kerasfast.training.guard import check_finite
+from kerasfast.training.inputs import (prepare_data, sharded_tfrecord_stream, split_validation, unpacked,
+                                       validation_arguments)
+from kerasfast.training.loop import stream_factory
+from kerasfast.training.run import Run
+
+
+def prepare(run: Run, batch_size: int | None) -> None:
+    """Reads the training data (`run.train_data`) and Keras's validation arguments (`run.validation`).
+
+    Splits off `validation_split` (updating `run.feed`), refuses what the
+    data path cannot serve, and checks arrays for NaN unless `on_nan="ignore"`.
+    """
+    feed, args = run.feed, run.args
+    feed.x, feed.y, feed.sample_weight = unpacked(feed.x, feed.y, feed.sample_weight)
+    if args.validation_split and feed.validation_data is None:
+        (feed.x, feed.y, feed.sample_weight), feed.validation_data = split_validation(
+            feed.x, feed.y, feed.sample_weight, args.validation_split)
+    if feed.class_weight is not None and isinstance(feed.x, (str, os.PathLike)) \
+            and run.distribution.name == "multi_worker":
+        raise PlanError("class_weight= is not applied to TFRecords read per worker: write the weights into the "
+                        "records (a sample_weight feature) or train on one machine.")
+    if args.on_nan != "ignore":
+        for what, value in (("x", feed.x), ("y", feed.y), ("sample_weight", feed.sample_weight)):
+            check_finite(value, what)
+    with damage_named(feed.x, feed.validation_data):
+        run.train_data = prepare_data(feed.x, feed.y, feed.sample_weight, batch_size=batch_size,
+                                      class_weight=feed.class_weight, shuffle=feed.shuffle, seed=run.seed,
+                                      repeat=True, on_error=feed.on_error)
+        _validate_with(run, batch_size)
+    if feed.data_service is not None:
+        service.check_servable(feed.data_service, feed.x, run.train_data, run.distribution,
+                               steps_per_epoch=args.steps_per_epoch, resuming=run.progress is not None,
+                               force_resume=args.resume == "force", on_error=feed.on_error)
+        service.check_reachable(*service.parse_address(feed.data_service))
+
+
+def rebatch(run: Run, batch_size: int) -> None:
+    """The same data batched by `batch_size` (found by `batch_size="auto"`)."""
+    with damage_named(run.feed.x, run.feed.validation_data):
+        run.train_data = run.train_data.rebatched(batch_size)
+        _validate_with(run, batch_size)
+
+
+def _validate_with(run: Run, batch_size: int | None) -> None:
+    feed = run.feed
+    run.validation = validation_arguments(feed.validation_data, feed.validation_batch_size or batch_size,
+                                          feed.validation_steps, feed.validation_freq, run.train_data, feed.on_error)
+
+
+def training_stream(run: Run):
+    """`f(batches_done)` giving the training batches: through tf.data service,
+    per worker from TFRecords, or the prepared dataset repeated."""
+    feed, plan, train_data = run.feed, run.plan, run.train_data
+    if feed.data_service is not None:
+        return service.service_stream(
+            feed.data_service, feed.x, train_data, run.strategy, run.distribution,
+            global_batch_size=plan.global_batch_size, steps_per_epoch=plan.steps_per_epoch, shuffle=feed.shuffle,
+            on_error=feed.on_error, class_weight=feed.class_weight)
+    if train_data.source == "tfrecords" and run.distribution.name == "multi_worker":
+        return sharded_tfrecord_stream(os.fspath(feed.x), run.strategy, global_batch_size=plan.global_batch_size,
+                                       shuffle=feed.shuffle, seed=run.seed, on_error=feed.on_error)
+    return stream_factory(train_data.dataset, repeat=bool(plan.steps_per_epoch),
+                          autotune=train_data.source != "arrays")
+
+
+def description(run: Run) -> str:
+    """The data's line in the printed plan and the run folder."""
+    text = run.train_data.description
+    if run.feed.data_service is not None:
+        text += f"; {service.describe(run.feed.data_service)}"
+    return text

@@ -1,0 +1,132 @@
+"""The plan phase: `resolve_plan`, once, from the run's facts and findings,
+and the one check of the plan that trains (XLA on this model, a resumed
+backup's choices, the same plan on every worker)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import keras
+
+from kerasfast.distribute.consensus import check_same_plan
+from kerasfast.distribute.strategy import scope_of
+from kerasfast.errors import PlanError
+from kerasfast.plan import COMPUTATION_FIELDS, Plan, resolve_plan
+from kerasfast.training import model_setup
+from kerasfast.training.run import Run
+from kerasfast.training.xla import xla_problem
+
+
+def plan_run(run: Run) -> None:
+    """`run.plan`: every choice resolved once, then checked (`check`)."""
+    args, distribution = run.args, run.distribution
+    overrides, fine_tune = args.overrides, _fine_tune(run)
+    if fine_tune is not None:
+        overrides = fine_tune.applied_to(overrides)
+    plan = resolve_plan(run.hardware, model=run.model_facts, data=run.train_data.facts, run=run.run_facts,
+                        overrides=overrides, num_replicas=distribution.num_replicas, strategy_name=distribution.name,
+                        strategy_reason=distribution.reason, found=run.findings)
+    if fine_tune is not None:
+        plan = fine_tune.described(plan)
+    if args.prune is not None:
+        plan = _with_pruning(plan, args.prune, run.model_facts)
+    model_setup.compile_once(run)
+    run.plan = check(run, plan)
+    model_setup.take_plan(run)
+
+
+def _fine_tune(run: Run):
+    """Pruning a trained model fine-tunes it at its own learning rate (`kerasfast.compress.finetune`)."""
+    args = run.args
+    if args.prune is None or args.find_rate:
+        return None
+    from kerasfast.compress.finetune import fine_tune_rate
+
+    optimizer = args.optimizer if args.optimizer is not None else getattr(run.prepared.user_model, "optimizer", None)
+    return fine_tune_rate(optimizer, learning_rate=args.overrides.learning_rate,
+                          lr_schedule=args.overrides.lr_schedule)
+
+
+def _with_pruning(plan: Plan, prune, model_facts) -> Plan:
+    if plan.train_step != "kerasfast":
+        raise PlanError(
+            f"prune= follows the updates of kerasfast's own train step, but {model_facts.custom_train_step or 'your model'} "
+            "runs its own: prune after training with kerasfast.compress.prune(model, ...), or drop prune=."
+        )
+    from kerasfast.compress import pruning_for_run
+
+    if not plan.total_steps:
+        raise PlanError("prune= needs the run's length: pass steps_per_epoch= for a dataset of unknown length.")
+    config = pruning_for_run(prune, plan.total_steps)
+    return plan.with_choice("prune", config.target_sparsity, describe_pruning(config), yours=True)
+
+
+def describe_pruning(config) -> str:
+    structured = f", {config.structured} structured" if config.structured else ""
+    if config.schedule == "polynomial":
+        when = f"from {config.initial_sparsity:g} at update {config.begin_step} to update {config.end_step}"
+    else:
+        when = f"{config.schedule} from update {config.begin_step}"
+    return f"magnitude pruning {when}, masks every {config.frequency} updates{structured}"
+
+
+def check(run: Run, plan: Plan) -> Plan:
+    """The one check of the plan that trains: XLA on this model (off, with
+    the reason, when chosen automatically and it cannot compile), a resumed
+    backup's computation, and every worker's plan alike.
+
+    Raises:
+        PlanError: For XLA the user asked for that cannot compile the model,
+            a resumed backup whose plan computes differently (unless
+            `resume="force"`), or workers whose plans differ.
+    """
+    if plan.jit_compile and plan.train_step == "kerasfast":
+        with scope_of(run.strategy):
+            plan = checked_jit(plan, run.train_model, run.train_data.sample_inputs)
+    if run.progress is not None:
+        _check_resumable(run, plan)
+    check_same_plan(run.distribution, plan)
+    return plan
+
+
+def checked_jit(plan: Plan, model, sample_inputs) -> Plan:
+    """The plan, with XLA off when it cannot compile the model (chosen
+    automatically), or a refusal naming the op (asked for by the user)."""
+    problem = xla_problem(model, sample_inputs)
+    if problem is None:
+        return plan
+    if "jit_compile" in plan.overridden:
+        raise PlanError(f"jit_compile=True cannot work: {problem}. Pass jit_compile=False (or 'auto'), or replace "
+                        "the op with one XLA supports.")
+    return plan.with_choice("jit_compile", False, f"off: {problem}")
+
+
+def _check_resumable(run: Run, plan: Plan) -> None:
+    """Refuses to resume a backup whose recorded plan computes differently."""
+    recorded = run.progress.plan
+    if not recorded:
+        return
+    differences = [f"{name} {getattr(plan, name)!r} (the backup's run: {recorded[name]!r})"
+                   for name in COMPUTATION_FIELDS if name in recorded and recorded[name] != getattr(plan, name)]
+    if not differences:
+        return
+    message = (f"this run would resume the backup in {run.backup.directory}, but its arguments change what "
+               f"training computes: {'; '.join(differences)}")
+    if run.args.resume == "force":
+        if run.is_chief:
+            print(f"kerasfast: resume='force': {message}. Resuming anyway.")
+        return
+    raise PlanError(f"{message}. Re-run with the same arguments to resume exactly, resume='force' to resume anyway, "
+                    "or resume='fresh' to start again.")
+
+
+def pruning_start(run: Run):
+    """The run's pruning configuration, counted from this run's first
+    optimizer update (an optimizer carries its count over from earlier fits)."""
+    from kerasfast.compress import pruning_for_run
+
+    config = pruning_for_run(run.args.prune, run.plan.total_steps)
+    done = int(keras.ops.convert_to_numpy(run.train_model.optimizer.iterations))
+    if done and config.end_step is not None:
+        config = dataclasses.replace(config, begin_step=config.begin_step + done, end_step=config.end_step + done)
+    return config

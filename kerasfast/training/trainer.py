@@ -1,0 +1,126 @@
+"""The training phase: the planned epochs run through Keras's own loop over
+kerasfast's steps (those tuning compiled for the plan, when there are),
+with the divergence guard, the throughput meter and the backup."""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+import tempfile
+
+from kerasfast import _compat
+from kerasfast.distribute import worker_state
+from kerasfast.distribute.failures import lost_peer_errors
+from kerasfast.distribute.strategy import scope_of
+from kerasfast.runs import DEFAULT_ROOT, new_run_dir, write_json
+from kerasfast.training import feed, optimizers, planning
+from kerasfast.training.backup import training_variables
+from kerasfast.training.data_errors import errors_naming_the_data
+from kerasfast.training.guard import DivergenceGuard
+from kerasfast.training.loop import run_epochs
+from kerasfast.training.precision import graph_precision
+from kerasfast.training.run import Run
+from kerasfast.training.session import in_precision
+from kerasfast.training.step_functions import StepFunctions
+from kerasfast.training.throughput import ThroughputMeter, samples_counter
+
+
+def open_run_folder(run: Run, cleanup) -> None:
+    """`run.folder` with plan.json (and the range test's curve), made by the
+    chief; a worker's is temporary, removed by `cleanup` when fit ends."""
+    args, distribution = run.args, run.distribution
+    if args.run_dir is False:
+        return
+    if distribution.is_chief:
+        folder = pathlib.Path(args.run_dir) if args.run_dir is not None else new_run_dir(DEFAULT_ROOT)
+    else:
+        folder = pathlib.Path(tempfile.mkdtemp(prefix=f"kerasfast-worker{distribution.cluster.index}-"))
+        cleanup.callback(shutil.rmtree, folder, ignore_errors=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    run.folder = folder
+    write_json(folder / "plan.json", {**run.plan.to_dict(), "hardware": run.hardware.to_dict()})
+    if run.rate_finding is not None and distribution.is_chief:
+        from kerasfast.training.lr_finder import plot_finding
+
+        plot_finding(run.rate_finding, folder / "lr_find.png")
+        write_json(folder / "lr_find.json", run.rate_finding.summary())
+
+
+def train(run: Run, rate_control) -> None:
+    """Runs the planned epochs (`run.history`, `run.meter`, `run.guard`),
+    inside the run's `borrowed` block, whose `rate_control` lowers the
+    learning rate after a divergence."""
+    plan, model = run.plan, run.train_model
+    if plan.prune is not None:
+        _attach_pruning(run)
+    # kerasfast's steps take the plan's precision while they are traced; a
+    # model that runs eagerly (run_eagerly=True) takes it for the whole run.
+    with in_precision(model, plan) if plan.train_step == "keras" else graph_precision(plan.precision):
+        metric_values, steps = _restored_and_prepared(run)
+        run.meter = ThroughputMeter(
+            samples_counter(plan.global_batch_size, run.train_data.facts.num_samples), plan.steps_per_epoch,
+            first_step=run.progress.step if run.progress else 0,
+            input_wait_seconds=steps.input_wait_seconds if steps is not None else None)
+        run.guard = DivergenceGuard(**run.args.divergence, snapshot_every_steps=run.args.backup_every,
+                                    grad_accum_steps=plan.grad_accum_steps, learning_rate=rate_control,
+                                    variables=lambda: training_variables(model), is_chief=run.is_chief)
+        with scope_of(run.strategy), lost_peer_errors(run.distribution), \
+                errors_naming_the_data(run.feed.x, run.feed.y, run.feed.validation_data, run.feed.validation_steps):
+            run.history = run_epochs(
+                model, feed.training_stream(run), plan=plan, epochs=run.args.epochs,
+                initial_epoch=run.args.initial_epoch, callbacks=_callbacks(run) + [run.meter],
+                verbose=run.args.verbose if run.is_chief else 0, validation=run.validation, backup=run.backup,
+                backup_every=run.args.backup_every, progress=run.progress, metric_values=metric_values,
+                seed=run.seed, guard=run.guard,
+            )
+
+
+def _callbacks(run: Run) -> list:
+    callbacks = list(run.args.callbacks)
+    if run.args.tensorboard and run.folder is not None and run.is_chief:
+        from kerasfast.training.tensorboard import tensorboard_callback
+
+        callbacks.append(tensorboard_callback(run.folder, run.plan))
+    return callbacks
+
+
+def _attach_pruning(run: Run) -> None:
+    """Wraps the model's prunable layers for this run (`run.pruned_layers`);
+    steps compiled before (by tuning) are for the unwrapped layers."""
+    from kerasfast.compress import apply_pruning
+
+    with scope_of(run.strategy):
+        run.pruned_layers = apply_pruning(run.train_model, planning.pruning_start(run))
+    run.measured = None
+
+
+def _restored_and_prepared(run: Run):
+    """`(metric_values, steps)`: a resumed backup's state put back, and
+    kerasfast's steps installed (None for Keras's eager ones)."""
+    plan, model = run.plan, run.train_model
+    metric_values, steps = None, None
+    with scope_of(run.strategy):
+        if run.progress is not None:
+            run.progress, metric_values = run.backup.restore(model, plan, force=run.args.resume == "force")
+            worker_state.report(worker_state.RESUMED, epoch=run.progress.epoch + 1, step=run.progress.step)
+            if run.talks:
+                print(f"kerasfast: resuming from {run.backup.path} at epoch {run.progress.epoch + 1}, "
+                      f"step {run.progress.step}")
+        if plan.train_step != "keras":
+            steps = _installed_steps(run)
+    return metric_values, steps
+
+
+def _installed_steps(run: Run) -> StepFunctions:
+    import tensorflow as tf
+
+    plan, model, progress = run.plan, run.train_model, run.progress
+    scaler = optimizers.loss_scaling(model.optimizer, plan) if run.measured is None else None
+    if scaler is not None:
+        scaler.build(model.trainable_variables)
+    _compat.detach_from_creation_strategy(model)
+    model.steps_per_execution = plan.steps_per_execution
+    done = progress.batches_done(plan.steps_per_epoch) if progress and plan.steps_per_epoch else 0
+    return StepFunctions.prepare(
+        model, run.strategy or tf.distribute.get_strategy(), plan, done, optimizer=scaler,
+        own_test_step=_compat.overridden_step(model, "test_step") is not None, measured=run.measured)
