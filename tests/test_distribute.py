@@ -35,10 +35,15 @@ MATRIX = [
 # pair of values of any two dimensions, in 8 of its 28 configurations. Two
 # workers run the full matrix; MirroredStrategy and four workers (4x the time
 # of two workers' on 2 cores) run this covering.
-MATRIX_4 = [config for config in MATRIX if config["name"] in {
+COVERING = {
     "float32-accum1-spe1-jit0", "float32-accum4-spe8-jit1", "mixed_bfloat16-accum4-spe1-jit1",
     "mixed_bfloat16-accum1-spe8-jit0", "mixed_float16-accum1-spe8-jit1", "mixed_float16-accum4-spe1-jit0",
-    "onednn_bfloat16-accum4-spe8-jit0", "onednn_bfloat16-accum1-spe1-jit0"}]
+    "onednn_bfloat16-accum4-spe8-jit0", "onednn_bfloat16-accum1-spe1-jit0"}
+# The covering's runs also save a ModelCheckpoint each epoch, which must load
+# as the model the user built (float32) and predict as the trained model.
+for config in MATRIX:
+    config["checkpoint"] = config["name"] in COVERING
+MATRIX_4 = [config for config in MATRIX if config["name"] in COVERING]
 EQUIVALENCE = [{"name": "equivalence", "precision": "float32", "batch_size": 64, "epochs": 2, "shuffle": False,
                 "steps_per_execution": 1, "learning_rate": 0.5}]
 # float32 sums of the same gradients in another order (per-replica partial
@@ -68,9 +73,9 @@ def assert_matrix_trained(results, strategy, matrix=MATRIX, replicas=2):
         assert "refused" not in outcome, f"{config['name']} was refused: {outcome}"
         assert outcome["replicas"] == replicas and outcome["strategy"] == strategy
         assert outcome["loss"][-1] < outcome["loss"][0], f"{config['name']}: loss did not fall {outcome['loss']}"
-        # A checkpoint saved during the run is the model the user built (float32), as trained.
-        assert outcome["checkpoint_policies"] == ["float32"], (config["name"], outcome["checkpoint_policies"])
-        assert outcome["checkpoint_predicts_as_trained"], config["name"]
+        if config["checkpoint"]:  # a checkpoint saved during the run is the model the user built, as trained
+            assert outcome["checkpoint_policies"] == ["float32"], (config["name"], outcome["checkpoint_policies"])
+            assert outcome["checkpoint_predicts_as_trained"], config["name"]
 
 
 @pytest.mark.slow

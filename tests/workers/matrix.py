@@ -55,12 +55,12 @@ def checkpoint_as_built(path, model) -> dict:
 results = {}
 for config in configs:
     name = config.pop("name")
-    checkpoint = out_dir / f"{name}.worker{index}.keras"
+    checkpoint = out_dir / f"{name}.worker{index}.keras" if config.pop("checkpoint", False) else None
     try:
         result = kerasfast.fit(
             build, (x, y), strategy=strategy, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             optimizer=keras.optimizers.SGD(config.pop("learning_rate", 0.1)), run_dir=False, verbose=0,
-            callbacks=[keras.callbacks.ModelCheckpoint(str(checkpoint))], **config,
+            callbacks=[keras.callbacks.ModelCheckpoint(str(checkpoint))] if checkpoint else [], **config,
         )
         weights = [w.astype("float64") for w in result.model.get_weights()]
         np.savez(out_dir / f"{name}.worker{index}.npz", *weights)
@@ -68,7 +68,7 @@ for config in configs:
         results[name] = {"loss": result.history.history["loss"], "replicas": result.plan.num_replicas,
                          "strategy": result.plan.strategy, "replica_gap": replica_gap,
                          "steps_per_epoch": result.plan.steps_per_epoch,
-                         **checkpoint_as_built(checkpoint, result.model)}
+                         **(checkpoint_as_built(checkpoint, result.model) if checkpoint else {})}
     except kerasfast.KerasfastError as error:
         results[name] = {"refused": f"{type(error).__name__}: {error}"}
 (out_dir / f"results.worker{index}.json").write_text(json.dumps(results))
