@@ -33,6 +33,7 @@ from kerasfast.training.throughput import Throughput, input_advice
 from kerasfast.training.tune import tune as tune_plan
 from kerasfast.training.tuning import TUNE_MODES
 
+
 @dataclasses.dataclass
 class FitResult:
     """What `kerasfast.fit` returns.
