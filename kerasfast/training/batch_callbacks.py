@@ -36,7 +36,7 @@ def per_batch_callbacks(callbacks) -> tuple[str, ...]:
     Example:
 
     >>> per_batch_callbacks([keras.callbacks.TerminateOnNaN(), keras.callbacks.EarlyStopping()])
-    ('TerminateOnNaN',)
+    ('TerminateOnNaN(on_batch_end)',)
     """
     return tuple(entry for entry in map(_per_batch, callbacks) if entry)
 
