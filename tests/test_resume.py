@@ -299,3 +299,16 @@ def test_a_finished_run_survives_a_full_disk(digits, tmp_path, small_disk):
     assert len(result.history.history["loss"]) == 2
     assert (small_disk / "run" / "model.keras").is_file()
     assert not (tmp_path / "backup").exists()
+
+
+def test_a_pruning_run_resumes_with_its_masks_and_ends_as_an_uninterrupted_one(digits, tmp_path):
+    """The backup holds the pruning masks (they are not the model's variables):
+    a resumed run masks its kernels from its first step, as the crashed one did."""
+    (x, y), _ = digits
+    x = x.reshape(len(x), 64)
+    options = {**_OPTIONS, "steps_per_execution": 1, "prune": 0.5, "tune": "off"}
+    whole = kerasfast.fit(_model(), (x, y), run_dir=False, **options)
+    resumed = kerasfast.fit(_model(), (x, y), **_crashed_run(x, y, tmp_path, **options))
+    for a, b in zip(whole.model.get_weights(), resumed.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert [row["sparsity"] for row in whole.pruning] == [row["sparsity"] for row in resumed.pruning]

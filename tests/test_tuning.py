@@ -101,16 +101,23 @@ def _fit_counting_training_traces(**options):
     return result, CountsTrainingTraces.traces - at_start["traces"]
 
 
-def test_training_goes_on_with_the_steps_tuning_compiled():
+@pytest.mark.parametrize("options", [{}, {"prune": 0.5}], ids=["dense", "pruned"])
+def test_training_goes_on_with_the_steps_tuning_compiled(options):
     """The chosen plan's steps, compiled while tuning measured them, are the
     ones that train: training traces the model once less than the same
-    plan does untuned (a trace is a compilation, seconds on a large model)."""
-    tuned, traced_after_tuning = _fit_counting_training_traces(tune="auto", tune_budget_s=60)
+    plan does untuned (a trace is a compilation, seconds on a large model),
+    and ends with the same weights. With `prune=`, the masks are on before
+    tuning, so tuning times (and hands on) the steps of the pruned model."""
+    tuned, traced_after_tuning = _fit_counting_training_traces(tune="auto", tune_budget_s=60, **options)
     assert len(tuned.plan.tuning) > 1
     chosen = {name: getattr(tuned.plan, name) for name in tuning.TUNED_FIELDS}
-    _, traced_alone = _fit_counting_training_traces(tune="off", **chosen)
+    plain, traced_alone = _fit_counting_training_traces(tune="off", **chosen, **options)
     assert traced_alone >= 1
     assert traced_after_tuning == traced_alone - 1, (traced_after_tuning, traced_alone, chosen)
+    for a, b in zip(tuned.model.get_weights(), plain.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    if options:
+        assert [round(row["sparsity"], 2) for row in tuned.pruning] == [0.5, 0.5]
 
 
 def test_the_choice_is_cached_and_a_changed_model_or_batch_tunes_again(private_cache, capsys):

@@ -58,8 +58,11 @@ class Progress:
 
 
 def training_variables(model) -> list:
-    """Every variable training changes, in a stable order."""
-    variables = list(model.variables)
+    """Every variable training changes, in a stable order: the pruning masks
+    too, which are not the model's (`kerasfast.compress.apply_pruning`)."""
+    from kerasfast.compress.attach import pruning_constraints
+
+    variables = list(model.variables) + [constraint.mask for _, constraint in pruning_constraints(model)]
     optimizer = model.optimizer
     if optimizer is not None:
         variables += list(optimizer.variables)

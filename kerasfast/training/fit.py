@@ -273,6 +273,7 @@ def fit(
         # Tuning and training in one borrowed block: training goes on with
         # the steps tuning compiled, which read the block's learning rate.
         with borrowed(run.train_model, run.plan) as rate_control:
+            trainer.attach_pruning(run)
             tune_plan(run)
             _show_plan(run)
             trainer.open_run_folder(run, cleanup)

@@ -51,8 +51,6 @@ def train(run: Run, rate_control) -> None:
     inside the run's `borrowed` block, whose `rate_control` lowers the
     learning rate after a divergence."""
     plan, model = run.plan, run.train_model
-    if plan.prune is not None:
-        _attach_pruning(run)
     # kerasfast's steps take the plan's precision while they are traced; a
     # model that runs eagerly (run_eagerly=True) takes it for the whole run.
     with in_precision(model, plan) if plan.train_step == "keras" else graph_precision(plan.precision):
@@ -84,14 +82,16 @@ def _callbacks(run: Run) -> list:
     return callbacks
 
 
-def _attach_pruning(run: Run) -> None:
-    """Wraps the model's prunable layers for this run (`run.pruned_layers`);
-    steps compiled before (by tuning) are for the unwrapped layers."""
+def attach_pruning(run: Run) -> None:
+    """Puts pruning masks on the model's prunable kernels for this run
+    (`run.pruned_layers`), before tuning: the steps tuning compiles and
+    times are those of the model as it trains, masks included."""
+    if run.plan.prune is None:
+        return
     from kerasfast.compress import apply_pruning
 
     with scope_of(run.strategy):
         run.pruned_layers = apply_pruning(run.train_model, planning.pruning_start(run))
-    run.measured = None
 
 
 def _restored_and_prepared(run: Run):

@@ -69,7 +69,7 @@ def cache_key(model, sample_inputs, plan, hardware) -> str:
     facts = {
         "model": structure, "inputs": spec, "batch": plan.global_batch_size, "strategy": plan.strategy,
         "replicas": plan.num_replicas, "grad_accum": plan.grad_accum_steps, "remat": plan.remat,
-        "train_step": plan.train_step, "cpu": hardware.cpu_model, "flags": list(hardware.cpu_flags),
+        "prune": plan.prune, "train_step": plan.train_step, "cpu": hardware.cpu_model, "flags": list(hardware.cpu_flags),
         "gpus": [gpu.name for gpu in hardware.gpus], "keras": keras.__version__, "tensorflow": tf.__version__,
     }
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:24]
