@@ -192,3 +192,37 @@ def test_a_checkpoint_saved_mid_run_is_the_model_the_user_built(digits, tmp_path
     loaded = keras.models.load_model(saved)
     assert [layer.dtype_policy.name for layer in loaded.layers] == ["float32"] * len(model.layers)
     np.testing.assert_array_equal(loaded.predict(x_test, verbose=0), model.predict(x_test, verbose=0))
+
+
+class _RecordsComputeDtype(keras.layers.Dense):
+    seen = set()
+
+    def call(self, inputs):
+        _RecordsComputeDtype.seen.add(self.compute_dtype)
+        return super().call(inputs)
+
+
+def test_an_eager_model_computes_in_the_plans_precision_and_its_checkpoints_are_float32(digits, tmp_path):
+    """run_eagerly=True: Keras's own steps run in the plan's precision one
+    step at a time, and between steps (where callbacks save) the layers hold
+    the user's float32 policies."""
+    (x, y), (x_test, _) = digits
+    model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), _RecordsComputeDtype(32),
+                              keras.layers.Dense(10, activation="softmax")])
+    model.compile("adam", "sparse_categorical_crossentropy", run_eagerly=True)
+    saved, seen = tmp_path / "checkpoint.keras", []
+    _RecordsComputeDtype.seen = set()
+    callbacks = [keras.callbacks.ModelCheckpoint(str(saved), save_freq=5),
+                 keras.callbacks.LambdaCallback(
+                     on_train_begin=lambda logs: _RecordsComputeDtype.seen.clear(),
+                     on_train_batch_end=lambda batch, logs: seen.append(
+                         {layer.dtype_policy.name for layer in model.layers}))]
+    result = kerasfast.fit(model, (x[:320], y[:320]), epochs=1, batch_size=32, precision="mixed_bfloat16",
+                           callbacks=callbacks, run_dir=False, verbose=0)
+    assert result.plan.train_step == "keras"
+    assert _RecordsComputeDtype.seen == {"bfloat16"}  # every training step
+    assert len(seen) == 10 and all(policies == {"float32"} for policies in seen)
+    loaded = keras.models.load_model(saved, custom_objects={"_RecordsComputeDtype": _RecordsComputeDtype})
+    assert {layer.dtype_policy.name for layer in loaded.layers} == {"float32"}
+    np.testing.assert_array_equal(loaded.predict(x_test, verbose=0), model.predict(x_test, verbose=0))
+    assert "train_step" not in vars(model)  # Keras's own step, given back

@@ -4,8 +4,9 @@ During a run kerasfast installs its own train / test functions on the
 model, sets the plan's steps per execution, detaches the model from the
 strategy it was created under (Keras 3.15's symbolic build fails under
 MultiWorkerMirroredStrategy, keras issue 20585), may set a learning rate or
-clipping on the optimizer (`borrowed()`) and switches layers to the plan's
-precision (`in_precision()`). Each makes its changes inside one block and
+clipping on the optimizer (`borrowed()`), and gives the layers the plan's
+precision only while a step is traced or, eagerly, runs
+(`step_functions.computing_while`). Each makes its changes inside one block and
 undoes them when the block ends, successfully or not, so that afterwards
 `compile`, `fit`, `evaluate` and `predict` behave exactly as if kerasfast
 had never run. What training changes on purpose stays: the weights and the
@@ -122,7 +123,7 @@ def borrowed(model, plan):
     undone when the block ends: installed functions, steps per execution,
     the creation strategy, the learning rate and clipping.
 
-    The plan's precision is set by `in_precision`, inside the block: tuning
+    The plan's precision belongs to the steps, not the block: tuning
     measures several precisions in one run, and a function it compiled is
     trained with afterwards only if it read the same learning rate (the
     same schedule object) as training does, so both happen in one block.
@@ -147,13 +148,21 @@ def borrowed(model, plan):
 
 
 @contextlib.contextmanager
-def in_precision(model, plan):
-    """Runs `model` in the plan's precision and remat inside the block (the
-    layers' policies, and the graph rewrite of "onednn_bfloat16"), and puts
-    the model's own back afterwards. Functions must first run inside it."""
-    from kerasfast.plan import keras_policy
-    from kerasfast.training.models import computing_in
-    from kerasfast.training.precision import graph_precision
+def eager_steps_in_precision(model, plan):
+    """Keras's own steps of a model that runs eagerly (`run_eagerly=True`)
+    in the plan's precision and remat, step by step: between steps, where
+    callbacks read and save the model, its layers hold their own policies."""
+    from kerasfast.training.step_functions import computing_while
 
-    with computing_in(model, keras_policy(plan.precision), plan.remat), graph_precision(plan.precision):
+    names = ("train_step", "test_step", "predict_step")
+    own = {name: vars(model).get(name) for name in names}  # a step set on the instance is the user's
+    for name in names:
+        setattr(model, name, computing_while(getattr(model, name), model, plan.precision, plan.remat))
+    try:
         yield
+    finally:
+        for name in names:
+            if own[name] is None:
+                delattr(model, name)
+            else:
+                setattr(model, name, own[name])

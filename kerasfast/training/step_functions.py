@@ -48,9 +48,10 @@ import keras
 from kerasfast import _compat
 
 
-def _traced_in(function, model, precision: str, remat: str | None):
-    """`function`, whose traces see `model`'s layers in the plan's `precision`
-    and `remat` (a tf.function runs its Python only while tracing)."""
+def computing_while(function, model, precision: str, remat: str | None):
+    """`function`, whose calls see `model`'s layers in the plan's `precision`
+    and `remat`; between calls they hold their own. A tf.function runs its
+    Python only while tracing, so its traces alone see them."""
     import functools
 
     from kerasfast.plan import keras_policy
@@ -340,7 +341,7 @@ class StepFunctions:
         """A `tf.function` of `function`, traced in the plan's precision."""
         import tensorflow as tf
 
-        return tf.function(_traced_in(function, self.model, *self._precision), reduce_retracing=True)
+        return tf.function(computing_while(function, self.model, *self._precision), reduce_retracing=True)
 
     def train_function(self):
         """Keras's `train_function(iterator)`: one execution of

@@ -4,6 +4,7 @@ with the divergence guard, the throughput meter and the backup."""
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 import shutil
 import tempfile
@@ -20,7 +21,7 @@ from kerasfast.training.guard import DivergenceGuard
 from kerasfast.training.loop import run_epochs
 from kerasfast.training.precision import graph_precision
 from kerasfast.training.run import Run
-from kerasfast.training.session import in_precision
+from kerasfast.training.session import eager_steps_in_precision
 from kerasfast.training.step_functions import StepFunctions
 from kerasfast.training.throughput import ThroughputMeter, samples_counter
 
@@ -51,9 +52,10 @@ def train(run: Run, rate_control) -> None:
     inside the run's `borrowed` block, whose `rate_control` lowers the
     learning rate after a divergence."""
     plan, model = run.plan, run.train_model
-    # kerasfast's steps take the plan's precision while they are traced; a
-    # model that runs eagerly (run_eagerly=True) takes it for the whole run.
-    with in_precision(model, plan) if plan.train_step == "keras" else graph_precision(plan.precision):
+    # kerasfast's steps take the plan's precision while they are traced,
+    # Keras's eager ones (run_eagerly=True) while each step runs.
+    eager = eager_steps_in_precision(model, plan) if plan.train_step == "keras" else contextlib.nullcontext()
+    with eager, graph_precision(plan.precision):
         metric_values, steps = _restored_and_prepared(run)
         run.meter = ThroughputMeter(
             samples_counter(plan.global_batch_size, run.train_data.facts.num_samples), plan.steps_per_epoch,
