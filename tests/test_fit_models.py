@@ -3,6 +3,7 @@
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import kerasfast
 from tests.helpers import TrainingProbe, small_convnet
@@ -192,3 +193,29 @@ def test_throughput_is_measured_after_the_first_execution(digits):
     # Samples are counted exactly: the last batch of each epoch is partial.
     expected_samples = 3 * len(x) - 64
     assert throughput.samples_per_second * throughput.measured_seconds == pytest.approx(expected_samples)
+
+
+def test_a_model_rebuilt_for_a_strategy_goes_on_from_its_optimizers_state(digits):
+    """A model created outside the strategy's scope trains as a rebuilt copy;
+    a second fit goes on from the optimizer state the first left in the
+    user's model (step count and moments), as model.fit does."""
+    (x, y), _ = digits
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    options = dict(epochs=1, batch_size=64, tune="off", run_dir=False, verbose=0)
+
+    def trained_twice(**strategy_option):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(10)])
+        model.compile(keras.optimizers.Adam(1e-2),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        for _ in range(2):
+            result = kerasfast.fit(model, (x, y), **options, **strategy_option)
+        return model, result
+
+    model, result = trained_twice(strategy=strategy)
+    assert result.model_preparation.startswith("rebuilt in the strategy's scope")
+    steps = -(-len(x) // 64)
+    assert int(model.optimizer.iterations) == 2 * steps
+    alone, _ = trained_twice(strategy="none")
+    for a, b in zip(model.get_weights(), alone.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

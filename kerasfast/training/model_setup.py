@@ -12,7 +12,7 @@ from kerasfast.distribute.strategy import scope_of
 from kerasfast.errors import PlanError
 from kerasfast.training import facts, optimizers
 from kerasfast.training.inputs import check_inputs_match
-from kerasfast.training.models import prepare_model
+from kerasfast.training.models import copy_optimizer_state, prepare_model
 from kerasfast.training.run import Run
 
 
@@ -40,7 +40,20 @@ def compile_once(run: Run) -> None:
     _compile(run)
     with scope_of(run.strategy):
         _build_state(run)
+        if run.prepared.rebuilt:
+            _continue_users_optimizer(run.prepared)
     run.compiled = True
+
+
+def _continue_users_optimizer(prepared) -> None:
+    """A rebuilt copy's optimizer starts from the state the user's holds (an
+    earlier fit's step count and moments), as `model.fit` would go on."""
+    user, copy = prepared.user_model.optimizer, prepared.train_model.optimizer
+    if user is None or copy is None or not user.built or not int(keras.ops.convert_to_numpy(user.iterations)):
+        return
+    if not copy.built:
+        copy.build(prepared.train_model.trainable_variables)
+    copy_optimizer_state(user, copy)
 
 
 def kerasfasts_own_step(model_facts) -> bool:
