@@ -226,3 +226,24 @@ def test_an_eager_model_computes_in_the_plans_precision_and_its_checkpoints_are_
     assert {layer.dtype_policy.name for layer in loaded.layers} == {"float32"}
     np.testing.assert_array_equal(loaded.predict(x_test, verbose=0), model.predict(x_test, verbose=0))
     assert "train_step" not in vars(model)  # Keras's own step, given back
+
+
+def test_a_callbacks_own_predict_runs_in_float32_under_onednn_bfloat16(digits):
+    """The oneDNN bfloat16 graph rewrite applies to kerasfast's steps only: a
+    `model.predict` a callback runs during the run computes in float32, as
+    under model.fit (it differed by ~1e-2 when the rewrite covered the run)."""
+    (x, y), (x_test, _) = digits
+    x, x_test = x.reshape(len(x), 64), x_test.reshape(len(x_test), 64)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, activation="relu"), keras.layers.Dense(10)])
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    gaps = []
+
+    def compare(epoch, logs):
+        (w1, b1), (w2, b2) = (layer.get_weights() for layer in model.layers)
+        by_hand = np.maximum(x_test @ w1 + b1, 0) @ w2 + b2
+        gaps.append(np.abs(model.predict(x_test, verbose=0) - by_hand).max())
+
+    result = kerasfast.fit(model, (x, y), epochs=2, batch_size=64, precision="onednn_bfloat16", tune="off",
+                           callbacks=[keras.callbacks.LambdaCallback(on_epoch_end=compare)], run_dir=False, verbose=0)
+    assert result.plan.precision == "onednn_bfloat16"
+    assert len(gaps) == 2 and max(gaps) < 1e-4, gaps

@@ -46,6 +46,8 @@ from __future__ import annotations
 import keras
 
 from kerasfast import _compat
+from kerasfast.plan import ONEDNN_BFLOAT16
+from kerasfast.training.precision import graph_precision
 
 
 def computing_while(function, model, precision: str, remat: str | None):
@@ -338,10 +340,23 @@ class StepFunctions:
         return self._compiled(run)
 
     def _compiled(self, function):
-        """A `tf.function` of `function`, traced in the plan's precision."""
+        """A `tf.function` of `function`, traced, and optimised for
+        "onednn_bfloat16", in the plan's precision: callbacks' own functions
+        (a `model.predict` during the run) stay in the user's."""
         import tensorflow as tf
 
-        return tf.function(computing_while(function, self.model, *self._precision), reduce_retracing=True)
+        compiled = tf.function(computing_while(function, self.model, *self._precision), reduce_retracing=True)
+        precision = self._precision[0]
+        if precision != ONEDNN_BFLOAT16:
+            return compiled
+
+        def optimised_in_precision(*args):
+            # Grappler reads the option when a trace is first run: a retrace
+            # (a new batch shape) must find it set too.
+            with graph_precision(precision):
+                return compiled(*args)
+
+        return optimised_in_precision
 
     def train_function(self):
         """Keras's `train_function(iterator)`: one execution of

@@ -19,7 +19,6 @@ from kerasfast.training.backup import training_variables
 from kerasfast.training.data_errors import errors_naming_the_data
 from kerasfast.training.guard import DivergenceGuard
 from kerasfast.training.loop import run_epochs
-from kerasfast.training.precision import graph_precision
 from kerasfast.training.run import Run
 from kerasfast.training.session import eager_steps_in_precision
 from kerasfast.training.step_functions import StepFunctions
@@ -54,8 +53,7 @@ def train(run: Run, rate_control) -> None:
     plan, model = run.plan, run.train_model
     # kerasfast's steps take the plan's precision while they are traced,
     # Keras's eager ones (run_eagerly=True) while each step runs.
-    eager = eager_steps_in_precision(model, plan) if plan.train_step == "keras" else contextlib.nullcontext()
-    with eager, graph_precision(plan.precision):
+    with eager_steps_in_precision(model, plan) if plan.train_step == "keras" else contextlib.nullcontext():
         metric_values, steps = _restored_and_prepared(run)
         run.meter = ThroughputMeter(
             samples_counter(plan.global_batch_size, run.train_data.facts.num_samples), plan.steps_per_epoch,

@@ -283,9 +283,8 @@ def measure(model, plan, strategy, batches, functions: dict, index, *, fixed_exe
     """
     from kerasfast.training.step_functions import StepFunctions
     from kerasfast.training import optimizers
-    from kerasfast.training.precision import graph_precision
 
-    with graph_precision(plan.precision), strategy.scope():
+    with strategy.scope():
         if index not in functions:
             scaler = optimizers.loss_scaling(model.optimizer, plan)
             if scaler is not None:
