@@ -18,28 +18,33 @@ kerasfast plan
 """
 
 # TensorFlow's start-up chatter (oneDNN notices, CUDA probing) would bury
-# kerasfast's own output: silenced before TensorFlow is first imported,
-# unless KERASFAST_VERBOSE_TF=1 (see kerasfast/_quiet.py).
+# kerasfast's own output: silenced when TensorFlow is first imported, by
+# kerasfast or by the user's script after it, unless KERASFAST_VERBOSE_TF=1
+# (see kerasfast/_quiet.py).
 from kerasfast._quiet import quiet_tensorflow as _quiet_tensorflow
 
 _quiet_tensorflow()
 
 __version__ = "0.1.0"
 
-from kerasfast.errors import (  # noqa: E402
-    DataError, ExportError, KerasfastError, ModelError, PlanError, RunFolderWarning,
-)
-from kerasfast.hardware import GPU, Hardware, detect_hardware  # noqa: E402
-from kerasfast.plan import Plan, resolve_plan  # noqa: E402
-from kerasfast.threads import configure_threads  # noqa: E402
-from kerasfast.training import FitResult, OneCycle, Throughput, fit, warmup_cosine  # noqa: E402
-from kerasfast.training.lr_finder import LearningRateFinding, find_learning_rate  # noqa: E402
-from kerasfast.reporting import write_report  # noqa: E402
-from kerasfast import compress, data, datasets, distribute, export  # noqa: E402
+# Where each public name lives. They load on first use (kerasfast/_lazy.py),
+# so that `import kerasfast` and the command line's --help start in a
+# fraction of a second; only what trains, converts or exports imports
+# TensorFlow.
+_EXPORTS = {
+    **dict.fromkeys(("DataError", "ExportError", "KerasfastError", "ModelError", "PlanError",
+                     "RunFolderWarning"), "kerasfast.errors"),
+    **dict.fromkeys(("GPU", "Hardware", "detect_hardware"), "kerasfast.hardware"),
+    **dict.fromkeys(("Plan", "resolve_plan"), "kerasfast.plan"),
+    "configure_threads": "kerasfast.threads",
+    **dict.fromkeys(("FitResult", "OneCycle", "Throughput", "fit", "warmup_cosine"), "kerasfast.training"),
+    **dict.fromkeys(("LearningRateFinding", "find_learning_rate"), "kerasfast.training.lr_finder"),
+    "write_report": "kerasfast.reporting",
+    **{name: f"kerasfast.{name}" for name in ("compress", "data", "datasets", "distribute", "export")},
+}
 
-__all__ = [
-    "DataError", "ExportError", "FitResult", "GPU", "Hardware", "KerasfastError", "LearningRateFinding",
-    "ModelError", "OneCycle", "Plan", "PlanError", "RunFolderWarning", "Throughput", "compress", "configure_threads", "data", "datasets",
-    "detect_hardware", "distribute", "export", "find_learning_rate", "fit", "resolve_plan", "warmup_cosine",
-    "write_report",
-]
+__all__ = sorted(_EXPORTS, key=str.lower)
+
+from kerasfast._lazy import lazy_exports as _lazy_exports  # noqa: E402
+
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS, globals())

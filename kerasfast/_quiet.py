@@ -37,6 +37,9 @@ then.
 from __future__ import annotations
 
 import contextlib
+import importlib.abc
+import importlib.util
+import logging
 import os
 import re
 import sys
@@ -54,7 +57,15 @@ _CHATTER_ERRORS = re.compile(
 _CHATTER_PLAIN = (
     "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
     "To enable the following instructions:",
+    # TFLite's converter (once per quantising conversion) and interpreter
+    # (once per process) print these with printf, not the logger.
+    "fully_quantize: ",
+    "INFO: Created TensorFlow Lite XNNPACK delegate for CPU.",
 )
+# Python-side `tensorflow` logger notices that are not the user's to act on:
+# kerasfast's own eager calls under a multi-worker strategy (the training
+# steps themselves run in a tf.function) log this once per call site.
+_PYTHON_CHATTER = ("eagerly has significant overhead currently",)
 
 
 def verbose_requested() -> bool:
@@ -65,21 +76,20 @@ def _nvidia_driver_present() -> bool:
     return os.path.exists("/proc/driver/nvidia/version") or os.path.exists("/dev/nvidiactl")
 
 
+def _is_chatter(line: str) -> bool:
+    match = _LOG_LINE.match(line)
+    if match:
+        severity, _, message = match.groups()
+        return severity in "IW" or (severity == "E" and bool(_CHATTER_ERRORS.search(message)))
+    if line.startswith("WARNING:tensorflow:"):  # the Python logger's format, e.g. from a launched worker
+        return any(text in line for text in _PYTHON_CHATTER)
+    return line.startswith(_CHATTER_PLAIN)
+
+
 def filter_chatter(text: str) -> str:
-    """`text` without TensorFlow's start-up chatter lines (info and warning
-    log lines, and the known harmless error lines)."""
-    kept = []
-    for line in text.splitlines(keepends=True):
-        stripped = line.rstrip("\n")
-        match = _LOG_LINE.match(stripped)
-        if match:
-            severity, _, message = match.groups()
-            if severity in "IW" or (severity == "E" and _CHATTER_ERRORS.search(message)):
-                continue
-        elif stripped.startswith(_CHATTER_PLAIN):
-            continue
-        kept.append(line)
-    return "".join(kept)
+    """`text` without TensorFlow's chatter lines (info and warning log
+    lines, the known harmless error lines and notices)."""
+    return "".join(line for line in text.splitlines(keepends=True) if not _is_chatter(line.rstrip("\n")))
 
 
 @contextlib.contextmanager
@@ -95,10 +105,9 @@ def filtered_stderr():
     if verbose_requested():
         yield
         return
-    try:
-        stderr_fd = sys.stderr.fileno()
-    except (AttributeError, OSError, ValueError):
-        stderr_fd = 2  # e.g. a StringIO sys.stderr in a notebook: the C++ lines still go to fd 2
+    # TensorFlow's C++ code writes to file descriptor 2, whatever sys.stderr
+    # is (a notebook's stream, pytest's capture file).
+    stderr_fd = 2
     try:
         saved = os.dup(stderr_fd)
     except OSError:  # no stderr to redirect
@@ -126,17 +135,80 @@ def filtered_stderr():
                 os.write(stderr_fd, shown.encode("utf-8", errors="replace"))
 
 
-def quiet_tensorflow() -> None:
-    """Applies the settings above; call before TensorFlow is imported."""
-    if verbose_requested():
-        return
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2" if _nvidia_driver_present() else "3")
-    if "tensorflow" not in sys.modules:
-        with filtered_stderr():
-            import tensorflow  # noqa: F401
+class _QuietTensorFlowImport(importlib.abc.MetaPathFinder):
+    """Finds `tensorflow` for whatever imports it first (kerasfast, keras or
+    the user's script) and runs that import inside `filtered_stderr`: the
+    oneDNN/cudart lines are printed while its shared libraries load. Leaves
+    `sys.meta_path` once TensorFlow is imported; a mere look-up
+    (`importlib.util.find_spec("tensorflow")`) keeps it in place."""
+
+    def __init__(self):
+        self._finding = False
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != "tensorflow" or self._finding:
+            return None
+        self._finding = True  # the look-up below passes through this finder again
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._finding = False
+        if spec is not None and spec.loader is not None:
+            spec.loader = _QuietLoader(spec.loader, self)
+        return spec
+
+
+class _QuietLoader(importlib.abc.Loader):
+    """Runs `loader`'s module inside `filtered_stderr`, then hands the module
+    its own loader back (importlib.resources and pickling look at it)."""
+
+    def __init__(self, loader, finder):
+        self._loader = loader
+        self._finder = finder
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self._finder)
+        try:
+            with filtered_stderr():
+                self._loader.exec_module(module)
+        finally:
+            module.__loader__ = self._loader
+            if module.__spec__ is not None:
+                module.__spec__.loader = self._loader
+        _quiet_absl()
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+def _quiet_absl() -> None:
     try:
         from absl import logging as absl_logging
     except ImportError:  # pragma: no cover - absl comes with TensorFlow
         return
     if absl_logging.get_absl_logger().level == 0:  # NOTSET: nobody chose a verbosity
         absl_logging.set_verbosity(absl_logging.ERROR)
+
+
+class _DropTensorFlowNotices(logging.Filter):
+    def filter(self, record):
+        return not any(text in record.getMessage() for text in _PYTHON_CHATTER)
+
+
+def quiet_tensorflow() -> None:
+    """Applies the settings above. Cheap: TensorFlow is not imported here,
+    only silenced for when something first imports it."""
+    if verbose_requested():
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2" if _nvidia_driver_present() else "3")
+    tf_logger = logging.getLogger("tensorflow")
+    if not any(isinstance(f, _DropTensorFlowNotices) for f in tf_logger.filters):
+        tf_logger.addFilter(_DropTensorFlowNotices())
+    if "tensorflow" in sys.modules:
+        _quiet_absl()
+    elif not any(isinstance(finder, _QuietTensorFlowImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _QuietTensorFlowImport())

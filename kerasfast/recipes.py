@@ -35,6 +35,11 @@ from kerasfast.runs import write_json
 
 RECIPES = ("image_classification", "gpt", "text_classification", "tabular")
 
+# "kerasfast recipe NAME" while `recipe_command` runs a recipe, so that the
+# recipe's usage line names it (argparse would take the program's name,
+# "kerasfast"); None when the recipe runs as a script.
+_command_line = None
+
 
 def parser(description: str, *, epochs: int, batch_size: int, out: str | None = None) -> argparse.ArgumentParser:
     """An argument parser with the flags every recipe takes.
@@ -45,7 +50,7 @@ def parser(description: str, *, epochs: int, batch_size: int, out: str | None = 
     --data (the user's own data; each recipe says what it takes),
     --data-service grpc://HOST:PORT (fit's `data_service=`).
     """
-    parser = argparse.ArgumentParser(description=description)
+    parser = argparse.ArgumentParser(prog=_command_line, description=description)
     parser.add_argument("--epochs", type=int, default=epochs)
     parser.add_argument("--batch-size", type=int, default=batch_size)
     parser.add_argument("--precision", default="auto",
@@ -288,10 +293,14 @@ def recipe_command(name, flags):
 
     Example: kerasfast recipe tabular --smoke --out runs/tabular
     """
+    global _command_line
     from kerasfast.errors import KerasfastError
 
     module = load_recipe(name)
+    _command_line = f"kerasfast recipe {name}"
     try:
         module.main(list(flags))
     except KerasfastError as error:
         raise click.ClickException(str(error)) from error
+    finally:
+        _command_line = None

@@ -17,19 +17,18 @@ Example:
 4
 """
 
-from kerasfast.data.arrays import ArrayDatasetInfo, array_dataset
-from kerasfast.data.benchmark import BenchmarkResult, benchmark
-from kerasfast.data.framing import RecordProblem
-from kerasfast.data.reader import (
-    DatasetInfo,
-    PipelineSettings,
-    dataset_info,
-    explain_data_error,
-    tfrecord_dataset,
-)
-from kerasfast.data.schema import SCHEMA_FILENAME, FeatureSchema, Schema
-from kerasfast.data.validation import ValidationReport, check_tfrecords, damage_error, locate_damage
-from kerasfast.data.writer import WriteResult, write_tfrecords
+# Loaded on first use (kerasfast/_lazy.py): `kerasfast convert --help` and
+# the data-service commands start without TensorFlow.
+_EXPORTS = {
+    **dict.fromkeys(("ArrayDatasetInfo", "array_dataset"), "kerasfast.data.arrays"),
+    "RecordProblem": "kerasfast.data.framing",
+    **dict.fromkeys(("DatasetInfo", "PipelineSettings", "dataset_info", "explain_data_error", "tfrecord_dataset"),
+                    "kerasfast.data.reader"),
+    **dict.fromkeys(("SCHEMA_FILENAME", "FeatureSchema", "Schema"), "kerasfast.data.schema"),
+    **dict.fromkeys(("ValidationReport", "check_tfrecords", "damage_error", "locate_damage"),
+                    "kerasfast.data.validation"),
+    **dict.fromkeys(("WriteResult", "write_tfrecords"), "kerasfast.data.writer"),
+}
 
 __all__ = [
     "ArrayDatasetInfo",
@@ -52,3 +51,12 @@ __all__ = [
     "tfrecord_dataset",
     "write_tfrecords",
 ]
+
+from kerasfast._lazy import lazy_exports as _lazy_exports  # noqa: E402
+
+# Imported now (it needs no TensorFlow): the function `benchmark` shares its
+# module's name, and importing the module later would put the module, not
+# the function, at `kerasfast.data.benchmark`.
+from kerasfast.data.benchmark import BenchmarkResult, benchmark  # noqa: E402
+
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS, globals())

@@ -47,7 +47,6 @@ import urllib.parse
 
 import click
 
-from kerasfast import _compat
 from kerasfast.errors import KerasfastError, PlanError
 
 SHARDING_POLICY = "DYNAMIC"
@@ -119,6 +118,8 @@ def check_reachable(host: str, port: int, timeout_s: float = CONNECT_TIMEOUT_S) 
 def _python_ops(dataset) -> list[str]:
     """The Python-calling ops in `dataset`'s graph (function library included)."""
     import tensorflow as tf
+
+    from kerasfast import _compat
 
     graph = tf.compat.v1.GraphDef()
     graph.ParseFromString(_compat.serialized_dataset_graph(dataset))
@@ -227,6 +228,8 @@ def distribute_pass(dataset, data_service: str, batch_size: int | None):
     """
     import tensorflow as tf
 
+    from kerasfast import _compat
+
     host, port = parse_address(data_service)
     service = tf.data.experimental.service
     # No job_name: each iterator gets a job of its own, so every pass (and
@@ -321,6 +324,8 @@ def _serve(server, announce: str) -> None:
     # A timeout keeps the main thread returning to Python, where signal handlers run.
     while not stop.wait(0.5):
         pass
+    from kerasfast import _compat
+
     # TensorFlow's stop can block (a service worker once took over 30 s in a
     # loaded test run): a server told to stop exits within STOP_GRACE_S.
     stopper = threading.Thread(target=_compat.stop_server, args=(server,), daemon=True)

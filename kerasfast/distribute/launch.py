@@ -77,6 +77,7 @@ import threading
 import time
 import typing
 
+from kerasfast._quiet import filter_chatter, verbose_requested
 from kerasfast.distribute import worker_state
 from kerasfast.errors import PlanError
 
@@ -433,8 +434,13 @@ class _Output:
 
 
 def _pump(stream, prefix: str, out: _Output) -> None:
+    # A worker that imported TensorFlow before kerasfast (or never imports
+    # kerasfast) prints TensorFlow's start-up notices; they are dropped here,
+    # as kerasfast drops them in its own process.
+    quiet = not verbose_requested()
     for line in iter(stream.readline, ""):
-        out.write(f"{prefix}{line}")
+        if not (quiet and not filter_chatter(line)):
+            out.write(f"{prefix}{line}")
     stream.close()
 
 

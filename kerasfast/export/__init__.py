@@ -11,10 +11,16 @@ is callable so that the one-call API reads like `kerasfast.fit`.
 import sys
 import types
 
-from kerasfast.export.exporter import ExportResult, export_model
-from kerasfast.export.formats import DEFAULT_FORMATS, FORMATS, ExportFormat
-from kerasfast.export.litert import LiteRTModel
-from kerasfast.export.report import ArtifactReport
+from kerasfast._lazy import lazy_exports
+
+# Loaded on first use (kerasfast/_lazy.py): `kerasfast export --help` starts
+# without TensorFlow.
+_EXPORTS = {
+    **dict.fromkeys(("ExportResult", "export_model"), "kerasfast.export.exporter"),
+    **dict.fromkeys(("DEFAULT_FORMATS", "FORMATS", "ExportFormat"), "kerasfast.export.formats"),
+    "LiteRTModel": "kerasfast.export.litert",
+    "ArtifactReport": "kerasfast.export.report",
+}
 
 __all__ = [
     "DEFAULT_FORMATS",
@@ -27,9 +33,12 @@ __all__ = [
 ]
 
 
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+
+
 class _CallableModule(types.ModuleType):
     def __call__(self, *args, **kwargs):
-        return export_model(*args, **kwargs)
+        return self.export_model(*args, **kwargs)
 
 
 sys.modules[__name__].__class__ = _CallableModule

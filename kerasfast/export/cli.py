@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-import numpy as np
 
 from kerasfast.errors import DataError, KerasfastError
 from kerasfast.export.formats import FORMATS
@@ -13,6 +12,8 @@ from kerasfast.export.formats import FORMATS
 
 def _load_inputs(path: str, argument: str):
     """Inputs from .npy, or from .npz (array 'x', else the only array)."""
+    import numpy as np
+
     file = Path(path)
     if file.suffix == ".npy":
         return np.load(file, allow_pickle=False)
@@ -27,6 +28,8 @@ def _load_inputs(path: str, argument: str):
 
 
 def _load_eval(path: str):
+    import numpy as np
+
     file = Path(path)
     if file.suffix != ".npz":
         raise DataError(f"--eval {file} must be a .npz file with arrays 'x' and 'y'.")

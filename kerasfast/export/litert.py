@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 
+from kerasfast._quiet import filtered_stderr
 from kerasfast.errors import ExportError
 
 
@@ -36,8 +37,11 @@ class LiteRTModel:
         self._content = model_content
         self._num_threads = num_threads
         try:
-            self._interpreter = Interpreter(model_content=model_content, num_threads=num_threads)
-            self._interpreter.allocate_tensors()
+            # "INFO: Created TensorFlow Lite XNNPACK delegate for CPU." is
+            # printed to file descriptor 2 here; on failure all of it is shown.
+            with filtered_stderr():
+                self._interpreter = Interpreter(model_content=model_content, num_threads=num_threads)
+                self._interpreter.allocate_tensors()
         except Exception as error:
             raise ExportError(f"LiteRT cannot load the .tflite file: {str(error).strip()[:500]}") from error
         self._batch = None

@@ -7,6 +7,7 @@ import re
 import numpy as np
 import tensorflow as tf
 
+from kerasfast._quiet import filtered_stderr
 from kerasfast.errors import ExportError
 
 
@@ -84,7 +85,11 @@ def convert_saved_model(
             converter.inference_input_type = tf.int8
             converter.inference_output_type = tf.int8
     try:
-        return converter.convert()
+        # The converter's C++ notices ("fully_quantize: 0, ...", SavedModel
+        # loading) go straight to file descriptor 2; on failure all of it is
+        # shown.
+        with filtered_stderr():
+            return converter.convert()
     except Exception as error:
         ops, layers = _unsupported_ops(error, known_layer_names)
         if ops:
