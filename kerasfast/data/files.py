@@ -95,7 +95,6 @@ def resolve_files(
     features: Schema | Mapping | None = None,
     label: Any = None,
     require_schema: bool = True,
-    missing_ok: bool = False,
 ) -> ResolvedFiles:
     """Expands `path_or_pattern` to files and finds their schema.
 
@@ -107,14 +106,11 @@ def resolve_files(
         label: label name to use with an explicit feature spec.
         require_schema: if False, files without a schema are resolved with
             `schema=None` (for framing-only checks) instead of refused.
-        missing_ok: if True, shards a folder's schema.json lists but that
-            are gone are kept in the list (a check then reports them)
-            instead of refused.
 
     Returns:
         A `ResolvedFiles`.
     """
-    files = _expand(path_or_pattern, missing_ok)
+    files = _expand(path_or_pattern)
     if features is not None:
         schema = features if isinstance(features, Schema) else schema_from_feature_spec(features, label=label)
         return ResolvedFiles(files, schema, None, {})
@@ -149,13 +145,13 @@ def _shown(files: Sequence[str]) -> str:
     return files[0] if len(files) == 1 else f"{files[0]} (and {len(files) - 1} more)"
 
 
-def _expand(path_or_pattern: Any, missing_ok: bool = False) -> list:
+def _expand(path_or_pattern: Any) -> list:
     if isinstance(path_or_pattern, (list, tuple)):
         if not path_or_pattern:
             raise DataError("the list of files is empty; pass at least one TFRecord file.")
         out = []
         for p in path_or_pattern:
-            out.extend(_expand(p, missing_ok))
+            out.extend(_expand(p))
         return out
     path = os.fspath(path_or_pattern)
     if glob.has_magic(path):
@@ -171,7 +167,7 @@ def _expand(path_or_pattern: Any, missing_ok: bool = False) -> list:
         if dataset is not None:
             files = dataset.files
             missing = [f for f in files if not os.path.exists(f)]
-            if missing and not missing_ok:
+            if missing:
                 raise DataError(
                     f"shard {missing[0]} listed in {dataset.schema_path} is missing ({len(missing)} of {len(files)} "
                     f"missing); re-copy the folder or re-run the conversion."

@@ -8,7 +8,6 @@ import os
 import warnings
 from typing import Any, Mapping, Sequence
 
-from kerasfast.data.counts import counted_blocks, short_file_in_error
 from kerasfast.data.files import resolve_files
 from kerasfast.data.framing import NOT_TFRECORD
 from kerasfast.data.schema import Schema
@@ -38,9 +37,6 @@ UNKNOWN_RECORD_BYTES = 1024
 # Records taken from one file at a time when that costs no randomness: it cuts
 # tf.data's per-element overhead in interleave and shuffle ~16-fold.
 DEFAULT_READ_BLOCK = 16
-# Records counted at once when records are otherwise taken one by one (read_block=1): the count check
-# then costs one small function call per 16 records.
-COUNT_BLOCK = 16
 
 
 @dataclasses.dataclass
@@ -176,13 +172,11 @@ class _Sharding:
 
 @dataclasses.dataclass(frozen=True)
 class _Checked:
-    """What the checks before reading found: each file's compression, the records each must yield (from
-    schema.json, or the full check; absent when unknown) and, after a full check, the reports."""
+    """What the checks before reading found: each file's compression and, after a full check, the reports."""
 
     comps: dict
     reports: list = dataclasses.field(default_factory=list)
     validation: ValidationReport | None = None
-    promised: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -340,8 +334,7 @@ def tfrecord_dataset(
         deterministic=deterministic, shuffle_buffer=shuffle_buffer, parse_parallelism=parse_parallelism,
         cache=cache, repeat=repeat, drop_remainder=drop_remainder, prefetch=prefetch,
         read_buffer_bytes=read_buffer_bytes, on_error=on_error, validate=validate))
-    # With on_error="skip" a shard missing from its folder is left out (and named) like any unreadable file.
-    resolved = resolve_files(path_or_pattern, features=features, missing_ok=request.on_error == "skip")
+    resolved = resolve_files(path_or_pattern, features=features)
     elements = _elements(resolved, label, image_size)
     sharding = _shard_files(list(resolved.files), *_worker_layout(num_workers, worker_index, input_context))
     checked = _check_files(sharding.files, resolved, request, elements.decode)
@@ -368,7 +361,7 @@ def tfrecord_dataset(
         input_names=elements.input_names, num_records=counts.worker, total_records=counts.total,
         batch_size=batch_size, steps_per_epoch=steps, settings=settings, skipped=skipped, validation=validation)
     if skipped:
-        _warn_skipped(validation, resolved.expected)
+        _warn_skipped(validation)
     return ds
 
 
@@ -447,15 +440,13 @@ def _count_records(resolved, sharding: _Sharding, validation: ValidationReport |
 def _check_files(files: list, resolved, request: _Request, decode) -> _Checked:
     """Runs the check `request.validate` asks for and finds each file's compression."""
     expected = expected_compression(resolved.schema, request.compression, resolved.schema_path is not None)
-    promised = {f: resolved.expected[os.path.abspath(f)].num_records for f in files
-                if os.path.abspath(f) in resolved.expected}
     if request.validate == "full":
         return _full_check(files, resolved, expected, request)
     if request.validate == "quick":
-        return _Checked(_quick_check(files, resolved, expected, decode), promised=promised)
+        return _Checked(_quick_check(files, resolved, expected, decode))
     # No checks, but compression must still be known: sniffing reads 64 bytes per file.
     comps = {f: file_compression(f, expected)[0] if expected == "auto" else expected for f in files}
-    return _Checked({f: (None if c == NOT_TFRECORD else c) for f, c in comps.items()}, promised=promised)
+    return _Checked({f: (None if c == NOT_TFRECORD else c) for f, c in comps.items()})
 
 
 def _full_check(files: list, resolved, expected, request: _Request) -> _Checked:
@@ -467,9 +458,7 @@ def _full_check(files: list, resolved, expected, request: _Request) -> _Checked:
     validation = ValidationReport(reports, resolved.schema_path, promised_records(files, resolved.expected))
     if not validation.ok and request.on_error == "raise":
         raise DataError(validation.summary() + "\nFix the files, or pass on_error='skip' to read the good records.")
-    # What each pass must read again: the records the check found good (all of them, with on_error="raise").
-    promised = {r.file: r.num_good for r in reports if not r.unreadable}
-    return _Checked({r.file: r.compression for r in reports}, reports, validation, promised)
+    return _Checked({r.file: r.compression for r in reports}, reports, validation)
 
 
 def _quick_check(files: list, resolved, expected, decode) -> dict:
@@ -660,15 +649,10 @@ def _steps_per_epoch(request: _Request, worker_records) -> int | None:
     return math.ceil(worker_records / request.batch_size)
 
 
-def _warn_skipped(validation: ValidationReport, expected: Mapping) -> None:
-    """Warns that `on_error="skip"` left records or files out, naming the first few and, per file, the
-    records read against those schema.json promises."""
+def _warn_skipped(validation: ValidationReport) -> None:
+    """Warns that `on_error="skip"` left records or files out, naming the first few."""
     skipped = validation.problems
     where = "; ".join(str(p) for p in skipped[:3])
-    counts = [f"{r.file}: read {r.num_good} of {expected[os.path.abspath(r.file)].num_records} records"
-              for r in validation.files if r.problems and os.path.abspath(r.file) in expected]
-    if counts:
-        where = "; ".join(counts[:3]) + (" ..." if len(counts) > 3 else "") + f". {where}"
     warnings.warn(f"on_error='skip': left out {len(skipped)} bad record(s)/file(s) "
                   f"({validation.num_records - validation.num_good} records known; records after a "
                   f"truncation point cannot be counted): {where}"
@@ -684,7 +668,7 @@ def _read_records(files, checked: _Checked, settings: PipelineSettings, file_see
     by_file = {r.file: r for r in checked.reports}
     parts, weights = [], []
     if fast_files:
-        parts.append(_interleaved_records(fast_files, fast_bad, checked, settings, file_seed))
+        parts.append(_interleaved_records(fast_files, fast_bad, checked.comps, settings, file_seed))
         weights.append(sum(by_file[f].num_good if f in by_file else 1 for f in fast_files))
     if slow_reports:
         parts.append(_salvaged_records(slow_reports, settings))
@@ -719,54 +703,29 @@ def _triage(files, reports) -> tuple:
     return fast_files, fast_bad, slow_reports
 
 
-def _interleaved_records(files, bad, checked: _Checked, settings: PipelineSettings, file_seed):
-    """Records of `files` read by TensorFlow in parallel, leaving out the `bad` record indices of each.
-
-    A file whose record count is known is counted as it is read (see `kerasfast.data.counts`): reading
-    it short, for whatever reason, fails the pass with an error naming the file, or, with
-    on_error="skip", prints a warning naming it.
-    """
+def _interleaved_records(files, bad, comps, settings: PipelineSettings, file_seed):
+    """Records of `files` read by TensorFlow in parallel, leaving out the `bad` record indices of each."""
     import tensorflow as tf
 
     any_bad = any(bad)
-    counted = all(f in checked.promised for f in files)
     file_ds = tf.data.Dataset.from_tensor_slices((
         tf.constant(files),
-        tf.constant([checked.comps.get(f) or "" for f in files]),
+        tf.constant([comps.get(f) or "" for f in files]),
         tf.ragged.constant(bad, dtype=tf.int64, ragged_rank=1) if any_bad else tf.zeros([len(files)]),
-        tf.constant([checked.promised.get(f, -1) for f in files], tf.int64),
     ))
     if settings.shuffle_files and len(files) > 1:
         file_ds = file_ds.shuffle(len(files), seed=file_seed, reshuffle_each_iteration=True)
 
-    def read_file(path, comp, bad, promised):
-        if counted:
-            # A file that is gone reads as no records (ignore_errors would retry opening it forever), and a
-            # read error ends the file: the count check below then names it (TensorFlow's error does not).
-            ds = tf.data.TFRecordDataset(tf.boolean_mask([path], [_file_exists(path)]), compression_type=comp,
-                                         buffer_size=settings.read_buffer_bytes).ignore_errors()
-        else:
-            ds = tf.data.TFRecordDataset(path, compression_type=comp, buffer_size=settings.read_buffer_bytes)
+    def read_file(path, comp, bad):
+        ds = tf.data.TFRecordDataset(path, compression_type=comp, buffer_size=settings.read_buffer_bytes)
         if any_bad:
             ds = ds.enumerate().filter(lambda i, r: tf.logical_not(tf.reduce_any(tf.equal(i, bad))))
             ds = ds.map(lambda i, r: r)
-        if counted:
-            block = settings.read_block if settings.read_block > 1 else COUNT_BLOCK
-            blocks = counted_blocks(ds, path, promised, block, settings.on_error)
-            return blocks if settings.read_block > 1 else blocks.unbatch()
         return ds.batch(settings.read_block) if settings.read_block > 1 else ds
 
     return file_ds.interleave(
         read_file, cycle_length=settings.cycle_length, block_length=1,
         num_parallel_calls=_tune(settings.num_parallel_reads), deterministic=settings.deterministic)
-
-
-def _file_exists(path):
-    """True (a bool tensor) when the file `path` exists; glob characters in the path are matched literally."""
-    import tensorflow as tf
-
-    literal = tf.strings.regex_replace(path, r"([*?\[\]\\])", r"\\\1")
-    return tf.size(tf.io.matching_files(literal)) > 0
 
 
 def _salvaged_records(reports, settings: PipelineSettings):
@@ -825,12 +784,7 @@ def explain_data_error(error: BaseException, dataset_or_info: Any) -> DataError:
     comp = info.settings.compression
     expected = "auto" if comp is None or "/" in comp else comp
     decoder = make_checked_decoder(info.schema)
-    # The pipeline's own count check names the file it stopped in: only that one needs re-reading.
-    named = short_file_in_error(error)
-    files = [named[0]] if named is not None and named[0] in info.files else info.files
-    folder = os.path.dirname(os.path.abspath(info.schema_path or ""))
-    expected_shards = {os.path.join(folder, s.file): s for s in info.schema.shards} if info.schema_path else {}
-    reports = [check_file(f, info.schema, expected, expected_shards.get(os.path.abspath(f)), decoder) for f in files]
+    reports = [check_file(f, info.schema, expected, None, decoder) for f in info.files]
     report = ValidationReport(reports, info.schema_path)
     if report.ok:
         return no_damage_error(info.files, error)

@@ -64,12 +64,8 @@ class FileReport:
 
     @property
     def unreadable(self) -> bool:
-        """True when the file as a whole cannot be read (missing, not TFRecord, wrong compression).
-
-        A file holding fewer records than schema.json promises (cut at a record boundary) is not: its
-        records are read, and counted against what the check found.
-        """
-        return any(p.index is None and p.kind != "count_mismatch" for p in self.problems)
+        """True when the file as a whole cannot be read (missing, not TFRecord, wrong compression)."""
+        return any(p.index is None for p in self.problems)
 
 
 @dataclasses.dataclass
@@ -174,7 +170,11 @@ def quick_check(files: Iterable[str], schema: Schema, compression, expected_shar
         if shard is not None:
             size = os.path.getsize(path)
             if size != shard.num_bytes:
-                problems.append(_size_problem(path, comp, size, shard))
+                problems.append(RecordProblem(
+                    path, None, None, "size_mismatch",
+                    f"is {size} bytes but was written as {shard.num_bytes} bytes ({shard.num_records} records): it "
+                    f"was truncated or changed after writing; re-copy it or re-run the conversion, or read with "
+                    f"on_error='skip' to use its good records."))
                 continue
         frame = _first_frame(path, comp)
         if frame is None:
@@ -187,19 +187,6 @@ def quick_check(files: Iterable[str], schema: Schema, compression, expected_shar
             if problem:
                 problems.append(problem)
     return comps, problems
-
-
-def _size_problem(path: str, comp, size: int, shard) -> RecordProblem:
-    """The problem of a file whose size differs from schema.json's: with the records it still holds (a
-    framing pass over that one file, only on this error path) and where reading them stops."""
-    report = check_file(path, None, comp, shard)
-    stop = next((p for p in report.problems if p.index is not None), None)
-    where = f"; reading stops at record {stop.index} (byte offset {stop.offset}): {stop.kind}" if stop else ""
-    return RecordProblem(
-        path, None, None, "size_mismatch",
-        f"is {size} bytes but was written as {shard.num_bytes} bytes: read {report.num_good} of the "
-        f"{shard.num_records} records {SCHEMA_FILENAME} promises{where}. It was truncated or changed after "
-        f"writing; re-copy it or re-run the conversion, or read with on_error='skip' to use its readable records.")
 
 
 def _first_frame(path, comp):
