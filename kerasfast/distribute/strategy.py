@@ -18,6 +18,7 @@ import dataclasses
 import json
 import os
 
+from kerasfast.distribute import ray_train
 from kerasfast.errors import PlanError
 from kerasfast.hardware import Hardware
 
@@ -160,6 +161,7 @@ def multi_worker_strategy(timeout_seconds: int | None = None):
             "already exists. Call kerasfast.distribute.setup() at the top of the script, and pass fit a "
             "function that builds the model (or build it after setup())."
         )
+    ray_train.quiet_tensorflow_logger()  # a Ray Train worker logs TensorFlow's INFO lines
     options = tf.distribute.experimental.CommunicationOptions(
         implementation=tf.distribute.experimental.CommunicationImplementation.RING,
         timeout_seconds=timeout_seconds or _default_timeout(),

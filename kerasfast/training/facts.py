@@ -16,7 +16,7 @@ import numpy as np
 
 from kerasfast import _compat, costs, threads
 from kerasfast._checks import is_int
-from kerasfast.distribute import resolve_strategy
+from kerasfast.distribute import ray_train, resolve_strategy
 from kerasfast.distribute.consensus import chief_value
 from kerasfast.hardware import detect_hardware
 from kerasfast.plan import Findings, ModelFacts, RunFacts, check_overrides, resolve_threads
@@ -28,7 +28,7 @@ from kerasfast.training.run import Run
 
 def start(run: Run) -> None:
     """Hardware, thread pools, strategy, backup and seed: decided once, first."""
-    args = run.args
+    run.args = args = ray_train.with_run_storage(run.args)  # in a Ray Train worker: the run's storage
     run.hardware = detect_hardware()
     check_overrides(run.hardware, args.overrides)  # every value checked before data or model are read
     started, current = threads.runtime_started(), threads.current_threads()

@@ -5,12 +5,13 @@ with the divergence guard, the throughput meter and the backup."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import pathlib
 import shutil
 import tempfile
 
 from kerasfast import _compat
-from kerasfast.distribute import worker_state
+from kerasfast.distribute import ray_train, worker_state
 from kerasfast.distribute.failures import lost_peer_errors
 from kerasfast.distribute.strategy import scope_of
 from kerasfast.runs import DEFAULT_ROOT, new_run_dir, write_json
@@ -28,6 +29,10 @@ from kerasfast.training.throughput import ThroughputMeter, samples_counter
 def open_run_folder(run: Run, cleanup) -> None:
     """`run.folder` with plan.json (and the range test's curve), made by the
     chief; a worker's is temporary, removed by `cleanup` when fit ends."""
+    ray_report = ray_train.reporter(run)  # in a Ray Train worker: metrics and the model to Ray
+    if ray_report is not None:
+        run.args = dataclasses.replace(run.args, callbacks=[*run.args.callbacks, ray_report])
+        cleanup.push(ray_report.finish)
     args, distribution = run.args, run.distribution
     if args.run_dir is False:
         return

@@ -1,0 +1,174 @@
+"""`kerasfast.fit` inside a Ray Train worker (`ray.train.tensorflow.TensorflowTrainer`).
+
+Ray Train starts the workers on a cluster, sets `TF_CONFIG` on each (which
+kerasfast's multi-worker path reads like any other), restarts the group
+after a failure (`FailureConfig(max_failures=K)`), hands out Ray Data
+shards and collects metrics and checkpoints. Inside a Ray Train worker,
+`kerasfast.fit` also:
+
+- puts its run folder, and so its backup, in the run's storage
+  (`<storage_path>/<name>/kerasfast`, `RunConfig(storage_path=...)`) when
+  `run_dir` is not given: a restarted group finds the backup there and
+  resumes exactly where it stopped;
+- reports each epoch's metrics with `ray.train.report`, each with a small
+  Ray checkpoint (`kerasfast.json`: the epoch and where kerasfast's backup
+  is), as Ray Train keeps metrics only beside checkpoints; the last
+  epoch's report carries the trained model, `model.keras`, saved by the
+  chief after training.
+
+`ray_dataset()` turns a worker's Ray Data shard into `fit`'s data.
+
+Ray is imported only when a Ray Train worker has already imported it:
+kerasfast imports and works without Ray installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import pathlib
+import shutil
+import sys
+import tempfile
+import warnings
+
+import keras
+
+STORAGE_FOLDER = "kerasfast"  # the run folder's name inside the run's storage
+CHECKPOINT_FILE = "kerasfast.json"
+
+
+def train_context():
+    """Ray Train's context when this process is a Ray Train worker, else None.
+
+    Cheap outside Ray: a Ray Train worker has imported `ray.train` before
+    running the user's function, so nothing is imported when it has not.
+
+    >>> train_context() is None   # not a Ray Train worker
+    True
+    """
+    if "ray.train" not in sys.modules:
+        return None
+    import ray.train
+
+    try:
+        return ray.train.get_context()
+    except RuntimeError:  # imported, but this process runs no training function
+        return None
+
+
+def quiet_tensorflow_logger() -> None:
+    """In a Ray Train worker, TensorFlow's Python notices at WARNING and above, as in any process.
+
+    Ray sets a worker's root logger to INFO, so every line TensorFlow's
+    `tensorflow` logger has at INFO ("Enabled multi-worker collective ops
+    ...", "Collective all_reduce tensors ...") would reach the console,
+    twice. A level the user set on that logger is kept, and
+    `KERASFAST_VERBOSE_TF=1` keeps them all.
+    """
+    from kerasfast._quiet import verbose_requested
+
+    tf_logger = logging.getLogger("tensorflow")
+    if tf_logger.level == logging.NOTSET and not verbose_requested() and train_context() is not None:
+        tf_logger.setLevel(logging.WARNING)
+
+
+def run_storage(context) -> pathlib.Path | None:
+    """`<storage_path>/<name>/kerasfast`: the run folder in the run's storage.
+
+    None where that storage is not a folder of this machine's file system
+    (e.g. `s3://`): kerasfast writes its files with plain file operations.
+    """
+    import pyarrow.fs
+
+    try:
+        storage = context.get_storage()
+    except NotImplementedError:  # Ray Train's local mode has no storage
+        return None
+    if not isinstance(storage.storage_filesystem, pyarrow.fs.LocalFileSystem):
+        warnings.warn(
+            f"kerasfast: the Ray run's storage ({storage.storage_filesystem.type_name} file system) is not a "
+            "local or mounted folder, so the run folder and backup are not kept there: pass fit run_dir= on "
+            "storage every worker sees (e.g. a shared mount) for restarts to resume.", stacklevel=3)
+        return None
+    return pathlib.Path(storage.experiment_fs_path) / STORAGE_FOLDER
+
+
+def with_run_storage(args):
+    """`fit`'s arguments with `run_dir` in the Ray run's storage, when
+    running in a Ray Train worker and `run_dir` was not given."""
+    if args.run_dir is not None:
+        return args
+    context = train_context()
+    folder = run_storage(context) if context is not None else None
+    return args if folder is None else dataclasses.replace(args, run_dir=folder)
+
+
+def reporter(run):
+    """A `RayReport` for this run inside a Ray Train worker, else None."""
+    return RayReport(run) if train_context() is not None else None
+
+
+def _as_metrics(epoch: int, logs) -> dict:
+    return {"epoch": epoch + 1, **{name: float(value) for name, value in (logs or {}).items()}}
+
+
+class RayReport(keras.callbacks.Callback):
+    """Sends a run's per-epoch metrics, and its model at the end, to Ray Train.
+
+    Every worker calls `ray.train.report` once per epoch (Ray needs as many
+    reports from each); the chief's carry the checkpoints. The last
+    epoch's report waits for the end of `fit` (`finish`, pushed onto
+    `fit`'s clean-up stack), when the run folder holds `model.keras`.
+    """
+
+    def __init__(self, run):
+        super().__init__()
+        self.run = run
+        self.pending = None  # the last epoch's metrics, reported with the model
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epoch_ended(epoch, logs, last=epoch + 1 >= self.params.get("epochs", 0))
+
+    def epoch_ended(self, epoch: int, logs, last: bool) -> None:
+        if self.pending is not None:  # fit went on after an epoch it was told was the last
+            self._report(self.pending, self._progress_file)
+        self.pending = _as_metrics(epoch, logs)
+        if not last:
+            self._report(self.pending, self._progress_file)
+            self.pending = None
+
+    def finish(self, exc_type, exc, traceback) -> bool:
+        """Reports the last epoch with `model.keras`, if `fit` trained to its end."""
+        if exc_type is None and self.pending is not None:
+            self._report(self.pending, self._model_file)
+            self.pending = None
+        return False  # an error goes on up
+
+    def _report(self, metrics: dict, write) -> None:
+        import ray.train
+
+        if not self.run.is_chief:
+            ray.train.report(metrics)
+            return
+        with tempfile.TemporaryDirectory(prefix="kerasfast-ray-checkpoint-") as folder:
+            write(pathlib.Path(folder), metrics)
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder))
+
+    def _progress_file(self, folder: pathlib.Path, metrics: dict) -> None:
+        backup = self.run.backup
+        (folder / CHECKPOINT_FILE).write_text(json.dumps({
+            "epoch": metrics["epoch"], "run_dir": str(self.run.folder) if self.run.folder else None,
+            "backup": str(backup.path) if backup is not None else None,
+        }))
+
+    def _model_file(self, folder: pathlib.Path, metrics: dict) -> None:
+        self._progress_file(folder, metrics)
+        written = self.run.folder / "model.keras" if self.run.folder is not None else None
+        if written is not None and written.is_file():
+            shutil.copyfile(written, folder / "model.keras")
+        else:
+            from kerasfast.runs import save_model
+
+            save_model(self.run.train_model, folder / "model.keras")

@@ -1,0 +1,78 @@
+"""Training functions for Ray Train workers (tests/test_ray.py): the
+documented multi-worker script shape, `kerasfast.distribute.setup()` first,
+then a model, then `kerasfast.fit`, run by `TensorflowTrainer` as
+`train_loop_per_worker`. Each worker saves its final weights in
+`config["out"]`."""
+
+import os
+import pathlib
+import signal
+
+
+def _data():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 8)).astype("float32")
+    return x, (x[:, :4].sum(axis=1) > 0).astype("int32")
+
+
+def _model():
+    import keras
+
+    keras.utils.set_random_seed(3)  # every worker starts from the same weights
+    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"),
+                             keras.layers.Dense(2, activation="softmax")])
+
+
+def _save_weights(out, result):
+    import kerasfast
+    import numpy as np
+
+    index = kerasfast.distribute.cluster_from_env().index
+    np.savez(out / f"weights.worker{index}.npz", *[w.astype("float64") for w in result.model.get_weights()])
+
+
+def _kill_once(out, step):
+    """A callback that SIGKILLs worker 1 at train step `step` of the first attempt only."""
+    import keras
+    import kerasfast
+
+    class KillOnce(keras.callbacks.Callback):
+        seen = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.seen += 1
+            marker = out / "killed"
+            if self.seen == step and kerasfast.distribute.cluster_from_env().index == 1 and not marker.exists():
+                marker.write_text("1")
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    return KillOnce()
+
+
+def train_loop(config):
+    import kerasfast
+
+    kerasfast.distribute.setup()  # first thing, as docs/distributed.md says
+    out = pathlib.Path(config["out"])
+    # What fit tells a launcher (a resume from its backup) goes to a file per worker.
+    os.environ["KERASFAST_WORKER_STATE"] = str(out / f"state.worker{kerasfast.distribute.cluster_from_env().index}")
+    callbacks = [_kill_once(out, config["kill_at_step"])] if config.get("kill_at_step") else []
+    result = kerasfast.fit(_model(), _data(), epochs=3, batch_size=32, verbose=0, seed=0, optimizer="adam",
+                           loss="sparse_categorical_crossentropy", backup_every=2, callbacks=callbacks)
+    _save_weights(out, result)
+
+
+def ray_data_loop(config):
+    import kerasfast
+    import ray.train
+
+    kerasfast.distribute.setup()
+    shard = ray.train.get_dataset_shard("train")
+    data = kerasfast.distribute.ray_dataset(shard, x="x", y="y")
+    result = kerasfast.fit(_model(), data, epochs=2, batch_size=32, verbose=0, seed=0, optimizer="adam",
+                           loss="sparse_categorical_crossentropy", run_dir=False)
+    _save_weights(pathlib.Path(config["out"]), result)
+    (pathlib.Path(config["out"]) / f"data.worker{kerasfast.distribute.cluster_from_env().index}.txt").write_text(
+        result.data)
