@@ -1,10 +1,13 @@
 """kerasfast.fit under Ray Train: real local Ray clusters (started here,
-with their CPUs declared), 2 `TensorflowTrainer` workers running the
-documented script shape (tests/workers/ray_loops.py)."""
+with their CPUs declared), 2 `TensorflowTrainer` workers each: the script
+docs/distributed.md shows (tests/workers/ray_script.py), run as the page
+says, and the same training in tests/workers/ray_loops.py with a worker
+killed mid-run."""
 
 import os
 import pathlib
 import secrets
+import subprocess
 import sys
 
 import numpy as np
@@ -16,10 +19,11 @@ RAY_SETTINGS = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32
 SAVED = {name: os.environ.get(name) for name in RAY_SETTINGS}
 os.environ.update(RAY_SETTINGS)
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'kerasfast[ray]')")
-from ray.train import FailureConfig, RunConfig, ScalingConfig  # noqa: E402
+from ray.train import FailureConfig, Result, RunConfig, ScalingConfig  # noqa: E402
 from ray.train.tensorflow import TensorflowTrainer  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tests" / "workers" / "ray_script.py"  # docs/distributed.md shows it
 sys.path.insert(0, str(ROOT / "tests" / "workers"))
 import ray_loops  # noqa: E402
 
@@ -28,18 +32,28 @@ QUIET = {"TF_CPP_MIN_LOG_LEVEL": "3", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPAT
     [str(ROOT), str(ROOT / "tests" / "workers")])}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _ray_settings_put_back():
+    yield
+    _put_back(SAVED)
+
+
+def _put_back(saved):
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @pytest.fixture(scope="module")
 def local_ray():
-    saved = {**{name: os.environ.get(name) for name in QUIET}, **SAVED}
+    saved = {name: os.environ.get(name) for name in QUIET}
     os.environ.update(QUIET)
     ray.init(num_cpus=4, runtime_env={"env_vars": QUIET})
     yield
     ray.shutdown()
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name)
-        else:
-            os.environ[name] = value
+    _put_back(saved)
 
 
 def _trainer(loop, out, name, storage, **kwargs):
@@ -60,37 +74,49 @@ def _assert_same_weights(first, second):
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.fixture(scope="module")
-def plain_run(local_ray, tmp_path_factory):
-    """A 2-worker job, uninterrupted: `(Result, output folder, storage folder)`."""
-    tmp_path = tmp_path_factory.mktemp("plain")
-    out = tmp_path / "out"
-    out.mkdir()
-    result = _trainer(ray_loops.train_loop, out, "plain", tmp_path / "storage").fit()
-    assert result.error is None, result.error
-    return result, out, tmp_path / "storage"
-
-
-def test_fit_on_two_ray_workers_reports_each_epoch_and_the_model(plain_run):
+def _checkpoint_weights(result):
     import kerasfast  # noqa: F401 - before keras: TensorFlow's start-up lines stay quiet here too
     import keras
 
-    result, out, storage = plain_run
-    _assert_same_weights(_weights(out, 0), _weights(out, 1))
+    with result.checkpoint.as_directory() as folder:
+        model = keras.saving.load_model(pathlib.Path(folder) / "model.keras")
+    return [w.astype("float64") for w in model.get_weights()]
+
+
+@pytest.fixture(scope="module")
+def documented_run(tmp_path_factory):
+    """docs/distributed.md's Ray Train script run as the page says: `(process, Result, storage folder)`."""
+    storage = tmp_path_factory.mktemp("documented") / "ray_results"
+    env = {**os.environ, **QUIET, **RAY_SETTINGS}
+    done = subprocess.run([sys.executable, str(SCRIPT), str(storage)], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done, Result.from_path(str(storage / "kerasfast-mlp")), storage
+
+
+def test_the_documented_script_is_this_one():
+    page = (ROOT / "docs" / "distributed.md").read_text()
+    assert f"```python\n{SCRIPT.read_text()}```" in page
+
+
+def test_the_documented_script_reports_each_epoch_and_ends_with_the_model(documented_run):
+    done, result, storage = documented_run
     frame = result.metrics_dataframe
     assert list(frame["epoch"]) == [1, 2, 3]
     assert frame["loss"].notna().all() and frame["loss"].iloc[-1] < frame["loss"].iloc[0]
     assert result.metrics["epoch"] == 3
-    run_folder = storage / "plain" / "kerasfast"  # the chief's run folder is in the run's storage
+    run_folder = storage / "kerasfast-mlp" / "kerasfast"  # the chief's run folder is in the run's storage
     assert (run_folder / "model.keras").is_file() and (run_folder / "plan.json").is_file()
     assert not (run_folder / "backup").exists() or not any((run_folder / "backup").iterdir())  # cleared at the end
-    with result.checkpoint.as_directory() as folder:
-        model = keras.saving.load_model(pathlib.Path(folder) / "model.keras")
-    _assert_same_weights([w.astype("float64") for w in model.get_weights()], _weights(out, 0))
+    assert "model: " in done.stdout
+    console = done.stdout + done.stderr
+    # What kerasfast decides stays quiet: TensorFlow's Python notices in the workers; Ray's token notice.
+    for chatter in ("INFO:tensorflow", "Collective all_reduce", "Token authentication is enabled"):
+        assert chatter not in console, console[-3000:]
 
 
 @pytest.mark.slow
-def test_a_worker_killed_mid_run_restarts_resumes_and_ends_bit_identical(plain_run, tmp_path):
+def test_a_killed_worker_restarts_resumes_and_ends_as_the_uninterrupted_run(documented_run, local_ray, tmp_path):
     from kerasfast.distribute import worker_state
 
     out = tmp_path / "out"
@@ -104,5 +130,6 @@ def test_a_worker_killed_mid_run_restarts_resumes_and_ends_bit_identical(plain_r
     assert worker_state.resumed_from(worker_state.read(out / "state.worker0")) == "epoch 2, step 4"
     # The resumed attempt reports the epochs it ends (Ray 2.60's result then lists that attempt's reports).
     assert list(result.metrics_dataframe["epoch"]) == [2, 3] and result.metrics["epoch"] == 3
-    for worker in (0, 1):
-        _assert_same_weights(_weights(out, worker), _weights(plain_run[1], worker))
+    _assert_same_weights(_weights(out, 0), _weights(out, 1))
+    _assert_same_weights(_weights(out, 0), _checkpoint_weights(documented_run[1]))  # bit for bit
+    _assert_same_weights(_checkpoint_weights(result), _checkpoint_weights(documented_run[1]))

@@ -1,8 +1,8 @@
 """Training functions for Ray Train workers (tests/test_ray.py): the
-documented multi-worker script shape, `kerasfast.distribute.setup()` first,
-then a model, then `kerasfast.fit`, run by `TensorflowTrainer` as
-`train_loop_per_worker`. Each worker saves its final weights in
-`config["out"]`."""
+documented script (tests/workers/ray_script.py: `kerasfast.distribute.setup()`
+first, then a model, then `kerasfast.fit`, with the same data, model and
+arguments), plus what the tests look at: each worker saves its final weights
+in `config["out"]`, and one can be killed mid-run."""
 
 import os
 import pathlib
