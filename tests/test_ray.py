@@ -115,6 +115,25 @@ def test_the_documented_script_reports_each_epoch_and_ends_with_the_model(docume
         assert chatter not in console, console[-3000:]
 
 
+def test_a_ray_data_shard_trains_each_worker_on_its_own_rows(local_ray, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    x, y = ray_loops._data()
+    dataset = ray.data.from_items([{"x": row, "y": int(label)} for row, label in zip(x, y, strict=True)])
+    result = _trainer(ray_loops.ray_data_loop, out, "ray-data", tmp_path / "storage",
+                      datasets={"train": dataset}).fit()
+    assert result.error is None, result.error
+    _assert_same_weights(_weights(out, 0), _weights(out, 1))
+    rows = [np.load(out / f"rows.worker{worker}.npy") for worker in (0, 1)]
+    assert len(rows[0]) == len(rows[1]) == 128  # Ray's equal split: each worker its own half, every row once
+    np.testing.assert_array_equal(np.unique(np.concatenate(rows), axis=0), np.unique(x, axis=0))
+    for worker in (0, 1):
+        assert (out / f"data.worker{worker}.txt").read_text() == (
+            "Ray Data shard, 128 rows on this worker; each of 2 worker(s) reads its own shard")
+    losses = [float(value) for value in (out / "loss.worker0.txt").read_text().split()]
+    assert len(losses) == 2 and losses[1] < losses[0]
+
+
 @pytest.mark.slow
 def test_a_killed_worker_restarts_resumes_and_ends_as_the_uninterrupted_run(documented_run, local_ray, tmp_path):
     from kerasfast.distribute import worker_state

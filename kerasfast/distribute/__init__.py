@@ -8,8 +8,9 @@ from kerasfast.distribute.strategy import (
     resolve_strategy,
     setup,
 )
+from kerasfast.distribute.ray_train import ray_dataset
 
 __all__ = [
     "ClusterSpec", "Distribution", "cluster_from_env", "multi_worker_strategy",
-    "resolve_strategy", "setup",
+    "ray_dataset", "resolve_strategy", "setup",
 ]

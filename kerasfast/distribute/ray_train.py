@@ -35,6 +35,8 @@ import warnings
 
 import keras
 
+from kerasfast.errors import DataError, PlanError
+
 STORAGE_FOLDER = "kerasfast"  # the run folder's name inside the run's storage
 CHECKPOINT_FILE = "kerasfast.json"
 
@@ -172,3 +174,125 @@ class RayReport(keras.callbacks.Callback):
             from kerasfast.runs import save_model
 
             save_model(self.run.train_model, folder / "model.keras")
+
+
+class RayShard:
+    """One worker's share of a Ray Dataset, read into memory, as `fit`'s data.
+
+    Made by `ray_dataset`. Under several workers each reads its own rows:
+    a step takes the per-replica share of the global batch from each
+    worker's rows (`strategy.distribute_datasets_from_function`), and an
+    epoch is one pass over every worker's shard.
+
+    Attributes:
+        x, y, sample_weight: NumPy arrays (`x` a dict by column for several).
+        num_rows: Rows in this worker's shard.
+    """
+
+    def __init__(self, x, y, sample_weight, num_rows: int):
+        self.x, self.y, self.sample_weight, self.num_rows = x, y, sample_weight, num_rows
+
+    def prepared(self, batch_size: int | None, num_workers: int, *, shuffle, seed: int | None):
+        """kerasfast's `PreparedData` for the plan: this worker's rows, and
+        the job's samples per epoch (every worker's shard, equal in size)."""
+        import math
+
+        from kerasfast.training.inputs import prepare_data
+
+        prepared = prepare_data(self.x, self.y, self.sample_weight, batch_size=batch_size, shuffle=shuffle,
+                                seed=seed, what="the Ray Data shard", repeat=True)
+        samples = self.num_rows * num_workers
+        prepared.facts = dataclasses.replace(prepared.facts, num_samples=samples,
+                                             steps_per_epoch=math.ceil(samples / (batch_size or 32)))
+        prepared.description = (f"Ray Data shard, {self.num_rows} rows on this worker; each of {num_workers} "
+                                "worker(s) reads its own shard")
+        prepared.remake = lambda new_batch_size, **changes: self.prepared(
+            new_batch_size, num_workers, **{"shuffle": shuffle, "seed": seed, **changes})
+        return prepared
+
+    def stream(self, strategy, global_batch_size: int, *, shuffle, seed: int | None):
+        """`f(batches_done)`: every worker's own rows, the per-replica share
+        of the global batch per replica and step, endless passes shuffled by
+        `(seed, pass)` (so a resumed run replays the same batches)."""
+        from kerasfast.data.arrays import array_dataset
+
+        packed = keras.utils.pack_x_y_sample_weight(self.x, self.y, self.sample_weight)
+
+        def stream_from(done: int):
+            def worker_dataset(context):
+                dataset = array_dataset(packed, None, batch_size=context.get_per_replica_batch_size(global_batch_size),
+                                        shuffle=bool(shuffle), seed=seed, repeat=True)
+                local_replicas = context.num_replicas_in_sync // context.num_input_pipelines
+                return dataset.skip(done * local_replicas) if done else dataset
+
+            return strategy.distribute_datasets_from_function(worker_dataset)
+
+        return stream_from
+
+
+def _columns(names, what: str):
+    if names is None:
+        return []
+    names = [names] if isinstance(names, str) else list(names)
+    if not names or not all(isinstance(name, str) for name in names):
+        raise PlanError(f"ray_dataset({what}=...) takes a column name or a list of column names, not {names!r}.")
+    return names
+
+
+def ray_dataset(shard, x, y=None, sample_weight=None) -> RayShard:
+    """A Ray Train worker's Ray Data shard as `kerasfast.fit`'s data.
+
+    The shard (`ray.train.get_dataset_shard("train")`, a
+    `ray.data.DataIterator`) is read into memory once, as NumPy arrays by
+    column; each worker trains on its own shard (Ray splits the dataset
+    into equal shards). `validation_split` is not taken: pass
+    `validation_data=`.
+
+    Args:
+        shard: The worker's `ray.data.DataIterator`.
+        x: The input column's name, or a list of names (a dict by name:
+            one model input per column, named like it).
+        y: The target column's name (or a list), or None.
+        sample_weight: A column of per-sample weights, or None.
+
+    Returns:
+        A `RayShard` to pass to `fit` as its data.
+
+    Raises:
+        DataError: For a column the shard does not have, or an empty shard.
+
+    Example:
+
+    ```python
+    def train_loop_per_worker(config):
+        kerasfast.distribute.setup()
+        data = kerasfast.distribute.ray_dataset(ray.train.get_dataset_shard("train"), x="x", y="y")
+        kerasfast.fit(build_model(), data, epochs=3, batch_size=64)
+    ```
+    """
+    import numpy as np
+
+    wanted = {"x": _columns(x, "x"), "y": _columns(y, "y"), "sample_weight": _columns(sample_weight, "sample_weight")}
+    if not wanted["x"]:
+        raise PlanError("ray_dataset needs x=: the name of the input column (or a list of names).")
+    names = [name for columns in wanted.values() for name in columns]
+    parts = {name: [] for name in names}
+    for batch in shard.iter_batches(batch_format="numpy", batch_size=4096):
+        missing = [name for name in names if name not in batch]
+        if missing:
+            raise DataError(f"ray_dataset: the Ray Dataset has no column {', '.join(map(repr, missing))} (it has "
+                            f"{', '.join(map(repr, sorted(batch)))}): name its columns in x=, y=, sample_weight=.")
+        for name in names:
+            parts[name].append(np.asarray(batch[name]))
+    if not parts[names[0]]:
+        raise DataError("ray_dataset: this worker's Ray Data shard is empty: give the dataset at least as many "
+                        "rows as workers.")
+    arrays = {name: np.concatenate(chunks) for name, chunks in parts.items()}
+
+    def part(role):
+        columns = wanted[role]
+        if not columns:
+            return None
+        return arrays[columns[0]] if len(columns) == 1 else {name: arrays[name] for name in columns}
+
+    return RayShard(part("x"), part("y"), part("sample_weight"), len(arrays[names[0]]))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 from kerasfast.data import service
+from kerasfast.distribute import ray_train
 from kerasfast.errors import PlanError
 from kerasfast.training.data_errors import damage_named
 from kerasfast.training.guard import check_finite
@@ -35,9 +36,13 @@ def prepare(run: Run, batch_size: int | None) -> None:
         for what, value in (("x", feed.x), ("y", feed.y), ("sample_weight", feed.sample_weight)):
             check_finite(value, what)
     with damage_named(feed.x, feed.validation_data):
-        run.train_data = prepare_data(feed.x, feed.y, feed.sample_weight, batch_size=batch_size,
-                                      class_weight=feed.class_weight, shuffle=feed.shuffle, seed=run.seed,
-                                      repeat=True, on_error=feed.on_error)
+        if isinstance(feed.x, ray_train.RayShard):  # each worker's own rows (kerasfast.distribute.ray_dataset)
+            run.train_data = feed.x.prepared(batch_size, run.distribution.cluster.num_workers, shuffle=feed.shuffle,
+                                             seed=run.seed)
+        else:
+            run.train_data = prepare_data(feed.x, feed.y, feed.sample_weight, batch_size=batch_size,
+                                          class_weight=feed.class_weight, shuffle=feed.shuffle, seed=run.seed,
+                                          repeat=True, on_error=feed.on_error)
         _validate_with(run, batch_size)
     if feed.data_service is not None:
         service.check_servable(feed.data_service, feed.x, run.train_data, run.distribution,
@@ -68,6 +73,8 @@ def training_stream(run: Run):
             feed.data_service, feed.x, train_data, run.strategy, run.distribution,
             global_batch_size=plan.global_batch_size, steps_per_epoch=plan.steps_per_epoch, shuffle=feed.shuffle,
             on_error=feed.on_error, class_weight=feed.class_weight)
+    if isinstance(feed.x, ray_train.RayShard) and run.distribution.name == "multi_worker":
+        return feed.x.stream(run.strategy, plan.global_batch_size, shuffle=feed.shuffle, seed=run.seed)
     if train_data.source == "tfrecords" and run.distribution.name == "multi_worker":
         return sharded_tfrecord_stream(os.fspath(feed.x), run.strategy, global_batch_size=plan.global_batch_size,
                                        shuffle=feed.shuffle, seed=run.seed, on_error=feed.on_error)

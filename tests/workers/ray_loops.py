@@ -66,13 +66,15 @@ def train_loop(config):
 
 def ray_data_loop(config):
     import kerasfast
+    import numpy as np
     import ray.train
 
     kerasfast.distribute.setup()
-    shard = ray.train.get_dataset_shard("train")
-    data = kerasfast.distribute.ray_dataset(shard, x="x", y="y")
+    data = kerasfast.distribute.ray_dataset(ray.train.get_dataset_shard("train"), x="x", y="y")
     result = kerasfast.fit(_model(), data, epochs=2, batch_size=32, verbose=0, seed=0, optimizer="adam",
                            loss="sparse_categorical_crossentropy", run_dir=False)
-    _save_weights(pathlib.Path(config["out"]), result)
-    (pathlib.Path(config["out"]) / f"data.worker{kerasfast.distribute.cluster_from_env().index}.txt").write_text(
-        result.data)
+    out, index = pathlib.Path(config["out"]), kerasfast.distribute.cluster_from_env().index
+    _save_weights(out, result)
+    np.save(out / f"rows.worker{index}.npy", data.x)  # the rows this worker read
+    (out / f"data.worker{index}.txt").write_text(result.data)
+    (out / f"loss.worker{index}.txt").write_text(" ".join(map(str, result.history["loss"])))
