@@ -57,10 +57,10 @@ def _stop(*processes):
     for process in processes:
         process.send_signal(signal.SIGTERM)
     try:
-        return [process.wait(timeout=30) for process in processes]
+        return [process.wait(timeout=90) for process in processes]
     except subprocess.TimeoutExpired as error:
         printed = "".join(line for process in processes for line in getattr(process, "output", []))
-        raise AssertionError(f"{error.cmd} did not exit within 30 s of SIGTERM; the servers printed: "
+        raise AssertionError(f"{error.cmd} did not exit within 90 s of SIGTERM; the servers printed: "
                              f"{printed[-2000:]}") from error
     finally:
         for process in processes:

@@ -312,7 +312,7 @@ def _run_tensorflow_job(tmp_path, launcher_command, check_while_running):
             assert worker["listening"], f"worker {worker} does not listen on its port {port}"
         check_while_running(workers)
         (tmp_path / "done").touch()
-        assert launcher.wait(timeout=120) == 0, log.read_text()[-3000:]
+        assert launcher.wait(timeout=300) == 0, log.read_text()[-3000:]
     finally:
         if launcher.poll() is None:
             launcher.send_signal(signal.SIGTERM)
@@ -521,7 +521,7 @@ def test_an_unprivileged_user_gets_a_user_namespace_and_owns_the_workers_files()
         (folder / "worker.py").write_text(NETWORK_WORKER)
         done = subprocess.run([setpriv, f"--reuid={nobody}", f"--regid={nobody}", "--clear-groups", python,
                                str(folder / "launcher.py"), str(ROOT), str(out), str(folder / "worker.py")],
-                              capture_output=True, text=True, timeout=120, cwd=folder,
+                              capture_output=True, text=True, timeout=300, cwd=folder,
                               env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
         if FALLBACK_LINE in done.stdout:
             pytest.skip(f"needs unprivileged user namespaces: {done.stdout.strip()}")
@@ -558,7 +558,7 @@ def test_a_failed_job_is_restarted_whole_until_an_attempt_succeeds(tmp_path):
     script = write_script(tmp_path, FLAKY_WORKER)
     done = subprocess.run([sys.executable, "-m", "kerasfast.cli", "launch", "-n", "2", "--restarts", "3",
                            "--restart-delay", "0.2", "--", sys.executable, script, str(tmp_path), "1,2"],
-                          capture_output=True, text=True, env=ENV, timeout=120)
+                          capture_output=True, text=True, env=ENV, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     text = done.stdout
     for attempt in (1, 2, 3):
