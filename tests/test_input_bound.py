@@ -41,7 +41,7 @@ def test_in_memory_arrays_keep_up(digits):
     # still competes with the model for CPU, so the wait is small, not zero.
     fraction = result.throughput.input_wait_fraction
     assert 0 <= fraction < 0.5
-    assert result.input_report == input_advice(fraction, "arrays")
+    assert result.input_report == input_advice(fraction, "arrays", result.plan)
 
 
 def test_advice_follows_the_measurement():
@@ -51,3 +51,22 @@ def test_advice_follows_the_measurement():
     assert bound.startswith("input-bound: 35% of step time waiting for input")
     assert "cache='memory'" in bound and "shards" in bound
     assert input_advice(None, "arrays") == "input wait not measured (run too short)"
+
+
+def test_advice_never_asks_for_longer_executions_than_the_epoch():
+    """Executions that already span the epoch cannot grow: the advice for
+    input-bound arrays then names the batch size alone."""
+    from kerasfast.hardware import Hardware
+    from kerasfast.plan import DataFacts, ModelFacts, Overrides, resolve_plan
+
+    def plan(steps_per_execution):
+        return resolve_plan(Hardware(cpu_cores=2), model=ModelFacts(forward_flops_per_sample=50_000),
+                            data=DataFacts(num_samples=384),
+                            overrides=Overrides(batch_size=32, steps_per_execution=steps_per_execution))
+
+    capped = plan(12)
+    assert (capped.steps_per_epoch, capped.steps_per_execution) == (12, 12)
+    advice = input_advice(0.4, "arrays", capped)
+    assert "or steps_per_execution" not in advice
+    assert "steps_per_execution already spans the epoch's 12 steps" in advice
+    assert "or steps_per_execution" in input_advice(0.4, "arrays", plan(4))

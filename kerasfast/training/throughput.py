@@ -196,20 +196,34 @@ class ThroughputMeter(keras.callbacks.Callback):
 INPUT_OK, INPUT_BOUND = 0.05, 0.2
 
 
-def input_advice(fraction: float | None, source: str) -> str:
+def input_advice(fraction: float | None, source: str, plan=None) -> str:
     """One line saying whether training waited for input, and what to do.
 
     Args:
         fraction: `Throughput.input_wait_fraction`.
         source: "arrays", "tfrecords" or "dataset".
+        plan: The run's `Plan`, if known: advice to lengthen the executions
+            is left out once they span the whole epoch (they cannot grow).
+
+    Returns:
+        The line, e.g. `"not input-bound: 3% of step time waiting for input"`.
+
+    Example:
+
+    >>> input_advice(0.4, "arrays")
+    'input-bound: 40% of step time waiting for input; the in-memory pipeline cannot feed the model: use a larger batch_size or steps_per_execution'
     """
     if fraction is None:
         return "input wait not measured (run too short)"
     share = f"{fraction:.0%} of step time waiting for input"
     if fraction < INPUT_OK:
         return f"not input-bound: {share}"
+    at_cap = plan is not None and plan.steps_per_epoch and plan.steps_per_execution >= plan.steps_per_epoch
+    larger = "use a larger batch_size" + (
+        f" (steps_per_execution already spans the epoch's {plan.steps_per_epoch} steps)" if at_cap
+        else " or steps_per_execution")
     tips = {
-        "arrays": "the in-memory pipeline cannot feed the model: use a larger batch_size or steps_per_execution",
+        "arrays": f"the in-memory pipeline cannot feed the model: {larger}",
         "tfrecords": "raise parallelism (num_parallel_reads / parse_parallelism), cache='memory' if the data "
                      "fits, write more shards, or use a faster disk",
         "dataset": "add num_parallel_calls=tf.data.AUTOTUNE to its map()s, .cache() and .prefetch(tf.data.AUTOTUNE)",
