@@ -722,7 +722,8 @@ def resolve_threads(requested_intra, requested_inter, hardware: Hardware, run: R
                 )
             values[name] = current
             reasons[name] = (
-                "kept: TensorFlow already started (call kerasfast.configure_threads() first to tune)"
+                ("TensorFlow's default (0: it sizes the pool to the cores), " if current == 0 else "")
+                + "kept: TensorFlow already started (call kerasfast.configure_threads() first to tune)"
             )
         return values, reasons
     for name, value in requested.items():

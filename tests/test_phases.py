@@ -130,3 +130,17 @@ def test_every_fit_resolves_its_plan_exactly_once(monkeypatch, arguments):
         assert result.plan.reasons["learning_rate"].startswith("found: ")
     if arguments.get("batch_size") == "auto":
         assert "batch_size='auto'" in result.plan.reasons["global_batch_size"]
+
+
+def test_thread_pools_kept_at_tensorflows_default_say_what_0_means():
+    """A plan made after TensorFlow started keeps its pools; a 0 there is
+    TensorFlow's own sizing, and the reason says so (a bare 0 reads as a bug)."""
+    from kerasfast.plan import resolve_threads
+
+    values, reasons = resolve_threads("auto", "auto", CPU, RunFacts(tf_runtime_started=True))
+    assert values == {"intra_op_threads": 0, "inter_op_threads": 0}
+    assert all(reason.startswith("TensorFlow's default (0: it sizes the pool to the cores), kept")
+               for reason in reasons.values())
+    values, reasons = resolve_threads("auto", "auto", CPU, RunFacts(tf_runtime_started=True,
+                                                                    current_intra_op_threads=2))
+    assert values["intra_op_threads"] == 2 and reasons["intra_op_threads"].startswith("kept:")
