@@ -199,3 +199,19 @@ def test_benchmark_script_runs_end_to_end(tmp_path):
     names = [r["pipeline"] for r in rows]
     assert names[0].startswith("ceiling") and "kerasfast images (GZIP)" in names and "naive text corpus" in names
     assert all(r["records_per_s"] > 0 and r["file_mb_per_s"] > 0 for r in rows)
+
+
+def test_the_printed_plan_shows_the_pipeline_as_a_table_of_its_own(written, capsys):
+    """The data line is one line; the TFRecord pipeline's settings follow as
+    their own block, never folded into the data and model lines."""
+    import kerasfast
+
+    out, _, _ = written
+    model = keras.Sequential([keras.Input((4, 4, 3)), keras.layers.Flatten(), keras.layers.Dense(40)])
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    result = kerasfast.fit(model, str(out), epochs=1, batch_size=8, tune="off", run_dir=False, verbose=1)
+    lines = capsys.readouterr().out.splitlines()
+    data = next(i for i, line in enumerate(lines) if line.startswith("  data: "))
+    assert lines[data] == f"  data: TFRecords {out}, {N} records" == f"  data: {result.data}"
+    assert lines[data + 1].startswith("  model: ")
+    assert lines[data + 2] == "  input pipeline:" and lines[data + 3].split()[0] == "num_files"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import pathlib
+import textwrap
 
 import keras
 import numpy as np
@@ -293,7 +294,9 @@ def _show_plan(run: Run) -> None:
             peak_flops=run.run_facts.peak_flops_in(run.plan.precision), accelerator=run.hardware.accelerator)
     if run.talks:
         print(run.plan)
-        print(f"  data: {feed.description(run)}; model: {run.prepared.how}")
+        print(f"  data: {feed.description(run)}\n  model: {run.prepared.how}")
+        if run.train_data.pipeline is not None:
+            print(textwrap.indent(str(run.train_data.pipeline), "  "))
 
 
 def _result(run: Run, pruning) -> FitResult:

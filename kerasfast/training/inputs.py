@@ -51,6 +51,7 @@ class PreparedData:
     sample_batch: object = None
     source: str = "dataset"
     remake: object = None  # f(batch_size, **changes): the same data, batched anew
+    pipeline: object = None  # kerasfast's TFRecord `PipelineSettings`, printed as a table of its own
 
     def rebatched(self, batch_size: int, **changes) -> "PreparedData":
         """The same data batched by `batch_size` (arrays and TFRecords, which kerasfast batches).
@@ -297,7 +298,8 @@ def _tfrecords(pattern: str, reading: "_Reading") -> PreparedData:
     prepared = _dataset(dataset, reading.what)
     prepared.facts = DataFacts(batch_size=None, num_samples=info.num_records, steps_per_epoch=info.steps_per_epoch)
     records = f", {info.num_records} records" if info.num_records else ""
-    prepared.description = f"TFRecords {pattern}{records}; pipeline: {info.settings}"
+    prepared.description = f"TFRecords {pattern}{records}"
+    prepared.pipeline = info.settings
     prepared.source = "tfrecords"
     return prepared
 
