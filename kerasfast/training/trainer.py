@@ -11,7 +11,7 @@ import shutil
 import tempfile
 
 from kerasfast import _compat
-from kerasfast.distribute import ray_train, worker_state
+from kerasfast.distribute import worker_state
 from kerasfast.distribute.failures import lost_peer_errors
 from kerasfast.distribute.strategy import scope_of
 from kerasfast.runs import DEFAULT_ROOT, new_run_dir, write_json
@@ -20,6 +20,7 @@ from kerasfast.training.backup import training_variables
 from kerasfast.training.data_errors import errors_naming_the_data
 from kerasfast.training.guard import DivergenceGuard
 from kerasfast.training.loop import run_epochs
+from kerasfast.training.ray_report import reporter
 from kerasfast.training.run import Run
 from kerasfast.training.session import eager_steps_in_precision
 from kerasfast.training.step_functions import StepFunctions
@@ -29,7 +30,7 @@ from kerasfast.training.throughput import ThroughputMeter, samples_counter
 def open_run_folder(run: Run, cleanup) -> None:
     """`run.folder` with plan.json (and the range test's curve), made by the
     chief; a worker's is temporary, removed by `cleanup` when fit ends."""
-    ray_report = ray_train.reporter(run)  # in a Ray Train worker: metrics and the model to Ray
+    ray_report = reporter(run)  # in a Ray Train worker: metrics and the model to Ray
     if ray_report is not None:
         run.args = dataclasses.replace(run.args, callbacks=[*run.args.callbacks, ray_report])
         cleanup.push(ray_report.finish)
