@@ -147,8 +147,9 @@ def test_a_killed_worker_restarts_resumes_and_ends_as_the_uninterrupted_run(docu
     # The restarted group resumed from kerasfast's backup in the run's storage (saved every 2 steps):
     # the kill came at step 13 of 24, step 5 of epoch 2.
     assert worker_state.resumed_from(worker_state.read(out / "state.worker0")) == "epoch 2, step 4"
-    # The resumed attempt reports the epochs it ends (Ray 2.60's result then lists that attempt's reports).
-    assert list(result.metrics_dataframe["epoch"]) == [2, 3] and result.metrics["epoch"] == 3
+    # The resumed attempt reports the epochs it ends. Whether the result also lists the first attempt's
+    # epoch 1 depends on whether Ray persisted that report before the kill; no epoch is reported twice.
+    assert list(result.metrics_dataframe["epoch"]) in ([2, 3], [1, 2, 3]) and result.metrics["epoch"] == 3
     _assert_same_weights(_weights(out, 0), _weights(out, 1))
     _assert_same_weights(_weights(out, 0), _checkpoint_weights(documented_run[1]))  # bit for bit
     _assert_same_weights(_checkpoint_weights(result), _checkpoint_weights(documented_run[1]))
