@@ -21,12 +21,14 @@ Example (inside a recipe):
 from __future__ import annotations
 
 import argparse
+import ast
 import atexit
 import importlib.util
 import pathlib
 import shutil
 import sys
 import tempfile
+import textwrap
 
 import click
 
@@ -262,8 +264,8 @@ def available_recipes() -> list[str]:
     return sorted(p.stem for p in recipes_folder().glob("*.py") if not p.name.startswith("_"))
 
 
-def load_recipe(name: str):
-    """Imports `recipes/NAME.py` as a module (it is not a package on `sys.path`).
+def recipe_path(name: str) -> pathlib.Path:
+    """The script of recipe NAME.
 
     Raises:
         click.ClickException: When NAME is not one of `available_recipes()`.
@@ -273,13 +275,144 @@ def load_recipe(name: str):
     names = available_recipes()
     if name not in names:
         raise click.ClickException(f"no recipe {name!r}: the recipes are {', '.join(names)}.")
-    path = recipes_folder() / f"{name}.py"
+    return recipes_folder() / f"{name}.py"
+
+
+def load_recipe(name: str):
+    """Imports `recipes/NAME.py` as a module (it is not a package on `sys.path`).
+
+    Raises:
+        click.ClickException: When NAME is not a recipe (see `recipe_path`),
+            or its script has no `main(argv)`.
+    """
+    path = recipe_path(name)
     spec = importlib.util.spec_from_file_location(f"kerasfast_recipe_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     if not callable(getattr(module, "main", None)):
         raise click.ClickException(f"{path} has no main(argv) function to run.")
     return module
+
+
+# What a recipe's module-level constants may be built from for
+# `static_parser`: literals, containers and earlier such constants.
+_CONTAINER_CALLS = frozenset({"dict", "tuple", "list", "set", "frozenset"})
+_LITERAL_NODES = (ast.Constant, ast.Tuple, ast.List, ast.Set, ast.Dict, ast.keyword, ast.expr_context,
+                  ast.UnaryOp, ast.unaryop, ast.BinOp, ast.operator)
+
+
+def _is_literal(node: ast.expr, constants: set[str]) -> bool:
+    for child in ast.walk(node):
+        if isinstance(child, ast.Name):
+            if child.id not in constants and child.id not in _CONTAINER_CALLS:
+                return False
+        elif isinstance(child, ast.Call):
+            if not (isinstance(child.func, ast.Name) and child.func.id in _CONTAINER_CALLS):
+                return False
+        elif not isinstance(child, _LITERAL_NODES):
+            return False
+    return True
+
+
+def _parse_args_call(statements) -> tuple[int, ast.Call]:
+    """The index of the first statement calling `.parse_args(...)`, and that call."""
+    for index, statement in enumerate(statements):
+        for node in ast.walk(statement):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "parse_args":
+                return index, node
+    raise ValueError("its main() never calls parse_args")
+
+
+def _parser_source(tree: ast.Module) -> str:
+    """Source defining the recipe's literal constants, the module functions
+    its parser-building code calls, and `_help_parser()` returning the parser
+    that `main` builds before `parse_args`."""
+    constants, functions = [], {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            functions[node.name] = node
+        elif (isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) for t in node.targets)
+              and _is_literal(node.value, {n.id for c in constants for n in c.targets})):
+            constants.append(node)
+    if "main" not in functions:
+        raise ValueError("it has no main(argv) function")
+    body = functions["main"].body
+    if ast.get_docstring(functions["main"]) is not None:
+        body = body[1:]
+    index, call = _parse_args_call(body)
+    builder = "\n".join([*(ast.unparse(statement) for statement in body[:index]),
+                          f"return {ast.unparse(call.func.value)}"])
+    called = {node.id for statement in [*body[:index], call.func.value] for node in ast.walk(statement)
+              if isinstance(node, ast.Name)}
+    helpers = [ast.unparse(functions[name]) for name in sorted(called & set(functions) - {"main"})]
+    return "\n\n".join([*(ast.unparse(c) for c in constants), *helpers,
+                         "def _help_parser():\n" + textwrap.indent(builder, "    ")])
+
+
+def static_parser(path) -> argparse.ArgumentParser:
+    """The argument parser of the recipe script at `path`, built without running the script.
+
+    A recipe imports Keras (and so TensorFlow, seconds of start-up) at its
+    top, like a keras.io example; its `--help` needs none of that. This
+    reads the script's source and runs only what builds its parser: the
+    statements of `main` before its `parse_args` call (or the function it
+    calls there, e.g. `_parser()`), the module functions they call, and the
+    module's constants whose values are literals, with `recipes` (this
+    module) and `argparse` as the only other names.
+
+    Args:
+        path: The recipe's `.py` file.
+
+    Returns:
+        The parser `main` would build (its `prog` is the recipe's command
+        line while `recipe_command` runs).
+
+    Raises:
+        ValueError: The script's parser cannot be built this way (its
+            source is not shaped as above, or the parser needs a name the
+            script imports); the message names the script and why.
+
+    Example:
+
+    >>> parser = static_parser(recipe_path("tabular"))
+    >>> parser.parse_args(["--task", "regression", "--smoke"]).task
+    'regression'
+    """
+    path = pathlib.Path(path)
+    namespace = {"__name__": f"kerasfast_recipe_{path.stem}_help", "recipes": sys.modules[__name__],
+                 "argparse": argparse}
+    try:
+        source = _parser_source(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)))
+        exec(compile(source, str(path), "exec"), namespace)  # noqa: S102 - the recipe's own code
+        parser = namespace["_help_parser"]()
+    except (SyntaxError, ValueError, NameError, AttributeError, TypeError) as error:
+        raise ValueError(f"cannot build the argument parser of {path} without running it: {error}") from error
+    if not isinstance(parser, argparse.ArgumentParser):
+        raise ValueError(f"cannot build the argument parser of {path} without running it: main() calls "
+                         f"parse_args on a {type(parser).__name__}, not an argparse.ArgumentParser")
+    return parser
+
+
+def _asks_for_help(flags) -> bool:
+    before_separator = flags[:flags.index("--")] if "--" in flags else flags
+    return any(flag in ("-h", "--help") for flag in before_separator)
+
+
+def _print_help_without_running(name: str, flags) -> None:
+    """Answers `--help` from the recipe's parser alone, with no TensorFlow start-up.
+
+    Exits through argparse (help, or a usage error the recipe would give as
+    well); returns when that cannot be done, and the recipe then runs as
+    usual, which prints the same help the slow way.
+    """
+    try:
+        parser = static_parser(recipe_path(name))
+    except ValueError:
+        # A recipe written differently (its parser built from imported names,
+        # say) still gets its own, correct help: from running its main(),
+        # which costs the seconds of importing Keras.
+        return
+    parser.parse_args(list(flags))  # `--help` prints and exits here
 
 
 @click.command("recipe", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -296,9 +429,11 @@ def recipe_command(name, flags):
     global _command_line
     from kerasfast.errors import KerasfastError
 
-    module = load_recipe(name)
     _command_line = f"kerasfast recipe {name}"
     try:
+        if _asks_for_help(flags):
+            _print_help_without_running(name, flags)
+        module = load_recipe(name)
         module.main(list(flags))
     except KerasfastError as error:
         raise click.ClickException(str(error)) from error
