@@ -7,8 +7,16 @@ plan, kerasfast's input pipeline; the image model reads TFRecords). Runs
 alternate (Keras, kerasfast, Keras, ...) so that machine noise hits both, the
 best steady-state rate of each is kept (the first, compiling execution is
 excluded from both), and the ratio is printed. Then the GPT recipe's model
-FLOPs utilisation, the input-pipeline table and the compression table, and
-everything is written to docs/benchmarks.md with the machine and command.
+FLOPs utilisation and the benchmarks of `SUBPROCESS_SECTIONS` (the quick
+check, the divergence guard, GPT width, input pipeline, compression).
+
+Each result is one section of docs/benchmarks.md (`## TITLE`, its command,
+commit, date and machine, then its tables), and `--out` gets only those
+sections replaced (or appended when missing): the page's other sections
+(tuning, the tf.data service, precision, start-up), made by their own
+commands and explained in prose, stay as they are. A benchmark that fails
+leaves its section as it was, with its earlier commit and date, and the run
+exits with an error naming it.
 
     python benchmarks/run_all.py [--repeats 2] [--quick] [--out docs/benchmarks.md]
 """
@@ -16,6 +24,7 @@ everything is written to docs/benchmarks.md with the machine and command.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import pathlib
 import platform
@@ -126,21 +135,191 @@ def model_flops_utilisation(work: Workload, result) -> dict:
             "peak_dtype": dtype, "mfu": achieved / peak}
 
 
+# The sections of docs/benchmarks.md this script writes besides the first:
+# (title, script, its arguments, its arguments with --quick).
+SUBPROCESS_SECTIONS = (
+    ("kerasfast.fit vs plain model.fit, quick check", "fit_vs_keras.py", ["--repeats", "2"], ["--repeats", "2"]),
+    ("Divergence guard's cost", "guard_overhead.py", [], ["--repeats", "2"]),
+    ("GPT width", "gpt_width.py", [], ["--widths", "128", "256"]),
+    ("Input pipeline", "input_pipeline.py", ["--records", "20000"], ["--records", "5000"]),
+    ("Compression", "compression.py", [], []),
+)
+FIT_SECTION = "kerasfast.fit vs plain model.fit"
+PAGE_HEADER = "# Benchmarks\n\n"
+# The page's opening paragraph names the machine of every table that does not name its own.
+MACHINE_LINE = "The machine, unless a table says otherwise: "
+
+
+@dataclasses.dataclass
+class Section:
+    """One benchmark's section of the page: `## title`, where its figures
+    come from, then `body` (prose and tables)."""
+
+    title: str
+    body: str
+    runs: str = ""  # the script run_all ran for it ("" for its own table)
+    note: str = ""  # said in brackets after the command
+
+
 def subprocess_tables(script: str, argv: list[str]) -> str:
+    """The markdown tables `benchmarks/SCRIPT ARGV` prints (one blank line between tables).
+
+    Raises:
+        RuntimeError: The script failed; the message holds its last error line.
+    """
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *argv], capture_output=True, text=True,
                           timeout=1800)
     if done.returncode:
-        return f"(benchmarks/{script} failed: {done.stderr.strip().splitlines()[-1] if done.stderr else done.returncode})"
-    keep = [line for line in done.stdout.splitlines() if line.startswith(("|", "#")) or line.strip() == ""]
-    return "\n".join(keep).strip()
+        last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit code {done.returncode}"
+        raise RuntimeError(f"benchmarks/{script} {' '.join(argv)} failed: {last}")
+    tables, blank = [], False
+    for line in done.stdout.splitlines():
+        if line.startswith("|"):
+            if blank and tables:
+                tables.append("")
+            tables.append(line)
+            blank = False
+        else:
+            blank = True
+    return "\n".join(tables)
+
+
+def section_markdown(section: Section, *, command: str, commit: str, date: str, machine: str) -> str:
+    """The section as the page lays it out: heading, `Command: ...; commit, date, machine.`, body."""
+    source = (f"`{command}`" + (f" ({section.note})" if section.note else "")
+              + (f", which runs `{section.runs}`" if section.runs else ""))
+    return f"## {section.title}\n\nCommand: {source}; commit {commit}, {date}, {machine}.\n\n{section.body.strip()}\n"
+
+
+def _split_sections(page: str) -> list[str]:
+    """The page cut before each `## ` heading outside code fences: [preamble, section, ...]."""
+    pieces, current, fenced = [], [], False
+    for line in page.splitlines(keepends=True):
+        if line.startswith("```"):
+            fenced = not fenced
+        if line.startswith("## ") and not fenced:
+            pieces.append("".join(current))
+            current = []
+        current.append(line)
+    pieces.append("".join(current))
+    return pieces
+
+
+def replace_sections(page: str, sections: dict[str, str]) -> str:
+    """`page` with the sections titled as the keys of `sections` replaced by their values.
+
+    A section runs from its `## TITLE` line to the next `## ` heading (or
+    the end). Every other part of the page is kept byte for byte; a title
+    the page lacks is appended at its end, in the order given.
+
+    Example:
+
+    >>> page = "# B\\n\\n## Old\\n\\n1\\n\\n## Kept\\n\\nprose\\n"
+    >>> print(replace_sections(page, {"Old": "## Old\\n\\n2\\n", "New": "## New\\n\\n3\\n"}))
+    # B
+    <BLANKLINE>
+    ## Old
+    <BLANKLINE>
+    2
+    <BLANKLINE>
+    ## Kept
+    <BLANKLINE>
+    prose
+    <BLANKLINE>
+    ## New
+    <BLANKLINE>
+    3
+    <BLANKLINE>
+    """
+    pieces = _split_sections(page)
+    missing = dict(sections)
+    for index, piece in enumerate(pieces[1:], start=1):
+        title = piece.splitlines()[0][3:].strip()
+        if title in missing:
+            last = index == len(pieces) - 1
+            pieces[index] = missing.pop(title).rstrip("\n") + ("\n" if last else "\n\n")
+    text = "".join(pieces)
+    for replacement in missing.values():
+        text = text.rstrip("\n") + "\n\n" + replacement.rstrip("\n") + "\n"
+    return text
+
+
+def write_sections(path, sections: list[Section], *, command: str, commit: str, date: str, machine: str) -> str:
+    """Replaces (or appends) `sections` in the markdown page at `path`; returns the new page.
+
+    A page that does not exist yet is started with a `# Benchmarks` title.
+    Where the page's opening names this machine ("The machine, unless a
+    table says otherwise: ..."), the sections say "the machine above".
+    """
+    path = pathlib.Path(path)
+    page = path.read_text(encoding="utf-8") if path.exists() else PAGE_HEADER
+    where = "the machine above" if f"{MACHINE_LINE}{machine}." in page else f"on {machine}"
+    text = replace_sections(page, {
+        section.title: section_markdown(section, command=command, commit=commit, date=date, machine=where)
+        for section in sections
+    })
+    path.write_text(text, encoding="utf-8")
+    return text
+
+
+def current_commit() -> str:
+    """The short hash of ROOT's HEAD, saying so when the code has changes not committed."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD")
+    if git("status", "--porcelain", "--", "kerasfast", "benchmarks", "recipes"):
+        commit += " with uncommitted changes"
+    return commit
+
+
+def fit_section(rows, mfu, repeats: int, note: str) -> Section:
+    """The first section: plain `model.fit` against `kerasfast.fit` per recipe model, and the GPT MFU."""
+    table = ["| workload | plain model.fit | kerasfast.fit | ratio | kerasfast plan |", "|---|---:|---:|---:|---|"]
+    for work, keras_rate, fast_rate, plan in rows:
+        choices = f"{plan.precision}, jit={plan.jit_compile}, steps_per_execution={plan.steps_per_execution}"
+        table.append(f"| {work.name} | {keras_rate:,.0f} {work.unit} | {fast_rate:,.0f} {work.unit} | "
+                     f"{fast_rate / keras_rate:.2f}x | {choices} |")
+    mfu_text = (
+        f"GPT recipe model: {mfu['forward_flops_per_sequence'] / 1e6:,.1f} MFLOP per sequence forward (TensorFlow "
+        f"profiler), x{costs.TRAIN_STEP_FLOPS_PER_FORWARD} for a training step; achieved "
+        f"{mfu['achieved_flops'] / 1e9:,.1f} GFLOP/s against a peak of {mfu['peak_flops'] / 1e9:,.0f} GFLOP/s "
+        f"(a 2048x2048 {mfu['peak_dtype']} matmul measured in the same run): **MFU {mfu['mfu']:.1%}**."
+        if mfu else "GPT MFU: not measured."
+    )
+    body = f"""Same model, data and batch size; plain Keras is `model.fit` on in-memory
+NumPy arrays, float32, Keras defaults; kerasfast is `kerasfast.fit` with the
+auto plan (the image model reads TFRecords through kerasfast's pipeline).
+Steady-state rates after the first (compiling) execution, best of
+{repeats} alternating runs of {rows[0][0].epochs} epoch(s) each.
+
+{chr(10).join(table)}
+
+{mfu_text}"""
+    return Section(FIT_SECTION, body, note=note)
+
+
+def subprocess_sections(quick: bool) -> tuple[list[Section], list[str]]:
+    """Runs the benchmarks of `SUBPROCESS_SECTIONS`; returns their sections and the failures."""
+    sections, failures = [], []
+    for title, script, argv, quick_argv in SUBPROCESS_SECTIONS:
+        argv = quick_argv if quick else argv
+        try:
+            sections.append(Section(title, subprocess_tables(script, argv),
+                                    runs=" ".join([f"benchmarks/{script}", *argv])))
+        except RuntimeError as error:
+            print(error, flush=True)
+            failures.append(str(error))
+    return sections, failures
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="two epochs per run, smaller data (a smoke test)")
-    parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
-    parser.add_argument("--skip-tables", action="store_true", help="leave out the input-pipeline and compression runs")
+    parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"),
+                        help="markdown page whose sections of these benchmarks are replaced")
+    parser.add_argument("--skip-tables", action="store_true", help="leave out the benchmarks run as scripts")
     args = parser.parse_args(argv)
     kerasfast.configure_threads()
     hardware = kerasfast.detect_hardware()
@@ -156,58 +335,16 @@ def main(argv=None):
             rows.append((work, keras_best, fast_best, result.plan))
             if work.unit == "tokens/s":
                 mfu = model_flops_utilisation(work, result)
-    table = ["| workload | plain model.fit | kerasfast.fit | ratio | kerasfast plan |", "|---|---:|---:|---:|---|"]
-    for work, keras_rate, fast_rate, plan in rows:
-        choices = (f"{plan.precision}, jit={plan.jit_compile}, steps_per_execution={plan.steps_per_execution}")
-        table.append(f"| {work.name} | {keras_rate:,.0f} {work.unit} | {fast_rate:,.0f} {work.unit} | "
-                     f"{fast_rate / keras_rate:.2f}x | {choices} |")
-    mfu_text = (
-        f"GPT recipe model: {mfu['forward_flops_per_sequence'] / 1e6:,.1f} MFLOP per sequence forward (TensorFlow "
-        f"profiler), x{costs.TRAIN_STEP_FLOPS_PER_FORWARD} for a training step; achieved "
-        f"{mfu['achieved_flops'] / 1e9:,.1f} GFLOP/s against a peak of {mfu['peak_flops'] / 1e9:,.0f} GFLOP/s "
-        f"(a 2048x2048 {mfu['peak_dtype']} matmul measured in the same run): **MFU {mfu['mfu']:.1%}**."
-        if mfu else "GPT MFU: not measured."
-    )
-    tables = ""
-    if not args.skip_tables:
-        tables = ("\n## Quick check: `benchmarks/fit_vs_keras.py`\n\n"
-                  + subprocess_tables("fit_vs_keras.py", ["--repeats", "2"])
-                  + "\n\n## Divergence guard: `benchmarks/guard_overhead.py`\n\n"
-                  + subprocess_tables("guard_overhead.py", ["--repeats", "2"] if args.quick else [])
-                  + "\n\n## Tuning: `benchmarks/tune.py`\n\n"
-                  + subprocess_tables("tune.py", ["--quick", "--seconds", "10"] if args.quick else [])
-                  + "\n\n## GPT width: `benchmarks/gpt_width.py`\n\n"
-                  + subprocess_tables("gpt_width.py", ["--widths", "128", "256"] if args.quick else [])
-                  + "\n\n## Scaling model (`benchmarks/scaling.py --part table`; docs/scaling.md)\n\n"
-                  + subprocess_tables("scaling.py", ["--part", "table"])
-                  + "\n\n## Input pipeline (`benchmarks/input_pipeline.py`)\n\n"
-                  + subprocess_tables("input_pipeline.py", ["--records", "5000" if args.quick else "20000"])
-                  + "\n\n## tf.data service (`benchmarks/data_service.py`)\n\n"
-                  + subprocess_tables("data_service.py", ["--records", "2048", "--repeats", "1"] if args.quick
-                                      else [])
-                  + "\n\n## Compression (`benchmarks/compression.py`)\n\n"
-                  + subprocess_tables("compression.py", []) + "\n")
-    command = "python benchmarks/run_all.py" + (" " + " ".join(argv) if argv else "")
-    text = f"""# Benchmarks
-
-Measured {datetime.date.today().isoformat()} with `{command}` ({time.time() - started:,.0f} s).
-
-Machine: {machine}.
-
-## kerasfast.fit vs plain model.fit
-
-Same model, data and batch size; plain Keras is `model.fit` on in-memory
-NumPy arrays, float32, Keras defaults; kerasfast is `kerasfast.fit` with the
-auto plan (the image model reads TFRecords through kerasfast's pipeline).
-Steady-state rates after the first (compiling) execution, best of
-{args.repeats} alternating runs of {rows[0][0].epochs} epoch(s) each.
-
-{chr(10).join(table)}
-
-{mfu_text}
-{tables}"""
-    pathlib.Path(args.out).write_text(text, encoding="utf-8")
-    print(f"\nwrote {args.out}")
+    sections, failures = subprocess_sections(args.quick) if not args.skip_tables else ([], [])
+    given = sys.argv[1:] if argv is None else list(argv)
+    command = " ".join(["python benchmarks/run_all.py", *given])
+    note = f"{time.time() - started:,.0f} s" + ("; it also made the tables below that name it" if sections else "")
+    sections.insert(0, fit_section(rows, mfu, args.repeats, note))
+    write_sections(args.out, sections, command=command, commit=current_commit(),
+                   date=datetime.date.today().isoformat(), machine=machine)
+    print(f"\nwrote {len(sections)} section(s) of {args.out}")
+    if failures:
+        raise SystemExit("these benchmarks failed (their sections were left as they were):\n" + "\n".join(failures))
     return rows
 
 
