@@ -2,13 +2,20 @@
 with their CPUs declared), 2 `TensorflowTrainer` workers each: the script
 docs/distributed.md shows (tests/workers/ray_script.py), run as the page
 says, and the same training in tests/workers/ray_loops.py with a worker
-killed mid-run."""
+killed mid-run, and across a network boundary: a 2-node Ray cluster whose
+nodes live in two network namespaces joined by a veth pair."""
 
+import contextlib
+import json
 import os
 import pathlib
 import secrets
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -153,3 +160,106 @@ def test_a_killed_worker_restarts_resumes_and_ends_as_the_uninterrupted_run(docu
     _assert_same_weights(_weights(out, 0), _weights(out, 1))
     _assert_same_weights(_weights(out, 0), _checkpoint_weights(documented_run[1]))  # bit for bit
     _assert_same_weights(_checkpoint_weights(result), _checkpoint_weights(documented_run[1]))
+
+
+# The 2-node cluster: two network namespaces of this machine joined by a veth pair, with addresses from a
+# documentation range (RFC 5737). Each namespace has its own ports, so Ray's usual ones are free there.
+HEAD_IP, NODE_IP = "198.51.100.1", "198.51.100.2"
+RAY_PORT = 6379
+
+
+def _ip(*args):
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=True)
+
+
+def _make_namespace(name):
+    try:
+        _ip("netns", "add", name)
+    except (OSError, subprocess.CalledProcessError) as error:
+        reason = error.stderr.strip() if isinstance(error, subprocess.CalledProcessError) else error
+        pytest.skip(f"network namespaces cannot be created here (`ip netns add` failed: {reason}); the 2-node "
+                    "test needs root or CAP_NET_ADMIN and iproute2's `ip`")
+
+
+def _join(namespaces, tag):
+    """A veth pair between the two namespaces, `HEAD_IP` at the first's end, `NODE_IP` at the second's."""
+    ends = [f"{tag}h", f"{tag}n"]
+    _ip("link", "add", ends[0], "type", "veth", "peer", "name", ends[1])
+    for namespace, end, address in zip(namespaces, ends, (HEAD_IP, NODE_IP), strict=True):
+        _ip("link", "set", end, "netns", namespace)
+        _ip("-n", namespace, "addr", "add", f"{address}/24", "dev", end)
+        _ip("-n", namespace, "link", "set", "lo", "up")
+        _ip("-n", namespace, "link", "set", end, "up")
+
+
+def _remove_namespace(name):
+    """Kills the processes in namespace `name` (the Ray node started there and its workers: only
+    those, by pid; `ray stop` would stop every Ray process of the machine), then removes it, and
+    with it its veth end."""
+    deadline = time.monotonic() + 30
+    while (pids := _ip("netns", "pids", name).stdout.split()) and time.monotonic() < deadline:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        time.sleep(0.2)
+    _ip("netns", "delete", name)
+
+
+def _in_namespace(namespace, command, env, timeout):
+    done = subprocess.run(["ip", "netns", "exec", namespace, *command], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+    assert done.returncode == 0, f"{command}: {done.stdout[-3000:]}{done.stderr[-3000:]}"
+    return done
+
+
+@pytest.fixture
+def two_node_cluster():
+    """A Ray head node (1 CPU) in one network namespace at `HEAD_IP`, a second node (1 CPU) in another at
+    `NODE_IP`; yields `run(command)`, which runs a command in the head's namespace. Everything is
+    removed afterwards, also when the test fails."""
+    if shutil.which("ip") is None:
+        pytest.skip("network namespaces cannot be created here: iproute2's `ip` is not installed")
+    tag = f"kf{os.getpid()}{secrets.token_hex(2)}"  # unique per run; interface names take at most 15 characters
+    namespaces = [f"{tag}-head", f"{tag}-node"]
+    temp = pathlib.Path(tempfile.mkdtemp(prefix="kfnet", dir="/tmp"))  # short: Ray's socket paths must fit
+    env = {name: value for name, value in os.environ.items() if name != "RAY_ADDRESS"}
+    env.update({**QUIET, **RAY_SETTINGS})
+    ray_cli = [str(pathlib.Path(sys.executable).with_name("ray")), "start", "--num-cpus=1", "--num-gpus=0",
+               "--object-store-memory=100000000", "--disable-usage-stats"]
+    made = []
+    try:
+        for namespace in namespaces:
+            _make_namespace(namespace)
+            made.append(namespace)
+        _join(namespaces, tag)
+        # Its own --temp-dir per node: the session and the "current cluster" file stay apart from
+        # /tmp/ray, so a `ray.init()` elsewhere on this machine still starts its own local cluster.
+        _in_namespace(namespaces[0], [*ray_cli, "--head", f"--port={RAY_PORT}", f"--node-ip-address={HEAD_IP}",
+                                      f"--temp-dir={temp / 'head'}"], env, 180)
+        _in_namespace(namespaces[1], [*ray_cli, f"--address={HEAD_IP}:{RAY_PORT}", f"--node-ip-address={NODE_IP}",
+                                      f"--temp-dir={temp / 'node'}"], env, 180)
+        yield lambda command: _in_namespace(namespaces[0], command, env, 600)
+    finally:
+        for namespace in made:
+            _remove_namespace(namespace)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_a_two_node_cluster_across_a_network_boundary_ends_as_the_loopback_run(documented_run, two_node_cluster,
+                                                                                  tmp_path):
+    out, storage = tmp_path / "out", tmp_path / "storage"
+    out.mkdir()
+    two_node_cluster([sys.executable, str(ROOT / "tests" / "workers" / "ray_loops.py"), f"{HEAD_IP}:{RAY_PORT}",
+                      str(out), str(storage)])
+    network = [json.loads((out / f"network.worker{worker}.json").read_text()) for worker in (0, 1)]
+    assert sorted(seen["node_ip"] for seen in network) == [HEAD_IP, NODE_IP]  # one worker on each node
+    for seen in network:  # TF_CONFIG names both nodes' addresses, each worker at its own node's
+        workers = seen["tf_config"]["cluster"]["worker"]
+        assert sorted(address.rsplit(":", 1)[0] for address in workers) == [HEAD_IP, NODE_IP]
+        assert workers[seen["tf_config"]["task"]["index"]].startswith(seen["node_ip"] + ":")
+    # The all-reduces went over the veth pair; the weights are bit for bit those of the loopback run.
+    _assert_same_weights(_weights(out, 0), _weights(out, 1))
+    _assert_same_weights(_weights(out, 0), _checkpoint_weights(documented_run[1]))
+    _assert_same_weights(_checkpoint_weights(Result.from_path(str(storage / "across"))),
+                         _checkpoint_weights(documented_run[1]))

@@ -78,3 +78,39 @@ def ray_data_loop(config):
     np.save(out / f"rows.worker{index}.npy", data.x)  # the rows this worker read
     (out / f"data.worker{index}.txt").write_text(result.data)
     (out / f"loss.worker{index}.txt").write_text(" ".join(map(str, result.history["loss"])))
+
+
+def network_loop(config):
+    """`train_loop`, plus what crosses the network: each worker's Ray node address and `TF_CONFIG`."""
+    import json
+
+    import kerasfast
+    import ray.util
+
+    train_loop(config)
+    index = kerasfast.distribute.cluster_from_env().index
+    (pathlib.Path(config["out"]) / f"network.worker{index}.json").write_text(json.dumps(
+        {"node_ip": ray.util.get_node_ip_address(), "tf_config": json.loads(os.environ["TF_CONFIG"])}))
+
+
+def run_on_cluster(address, out, storage):
+    """The driver: `network_loop` on 2 workers of the running Ray cluster at `address`, one CPU each."""
+    import ray
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.tensorflow import TensorflowTrainer
+
+    ray.init(address=address)
+    result = TensorflowTrainer(
+        network_loop, train_loop_config={"out": out},
+        scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
+        run_config=RunConfig(name="across", storage_path=storage)).fit()
+    if result.error is not None:
+        raise result.error
+
+
+if __name__ == "__main__":  # python ray_loops.py ADDRESS OUT STORAGE: the driver of tests/test_ray.py's 2-node job
+    import sys
+
+    import ray_loops  # by this name, so that Ray's workers import the loop rather than unpickle a copy
+
+    ray_loops.run_on_cluster(*sys.argv[1:4])
