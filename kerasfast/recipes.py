@@ -314,6 +314,30 @@ def _is_literal(node: ast.expr, constants: set[str]) -> bool:
     return True
 
 
+def _bound_names(statement: ast.stmt) -> set[str]:
+    """The module-level names a statement (re)binds."""
+    if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {statement.name}
+    if isinstance(statement, (ast.Import, ast.ImportFrom)):
+        return {(alias.asname or alias.name).split(".")[0] for alias in statement.names}
+    targets = {ast.Assign: lambda: statement.targets, ast.AnnAssign: lambda: [statement.target],
+               ast.AugAssign: lambda: [statement.target]}.get(type(statement), list)()
+    return {node.id for target in targets for node in ast.walk(target) if isinstance(node, ast.Name)}
+
+
+def _literal_constants(tree: ast.Module) -> list[ast.Assign]:
+    """The module-level assignments of literal values to names that no later statement rebinds."""
+    constants: dict[str, ast.Assign] = {}
+    for statement in tree.body:
+        if (isinstance(statement, ast.Assign) and all(isinstance(t, ast.Name) for t in statement.targets)
+                and _is_literal(statement.value, set(constants))):
+            constants.update(dict.fromkeys((target.id for target in statement.targets), statement))
+        else:
+            for name in _bound_names(statement):
+                constants.pop(name, None)
+    return list(dict.fromkeys(constants.values()))
+
+
 def _parse_args_call(statements) -> tuple[int, ast.Call]:
     """The index of the first statement calling `.parse_args(...)`, and that call."""
     for index, statement in enumerate(statements):
@@ -327,13 +351,7 @@ def _parser_source(tree: ast.Module) -> str:
     """Source defining the recipe's literal constants, the module functions
     its parser-building code calls, and `_help_parser()` returning the parser
     that `main` builds before `parse_args`."""
-    constants, functions = [], {}
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef):
-            functions[node.name] = node
-        elif (isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) for t in node.targets)
-              and _is_literal(node.value, {n.id for c in constants for n in c.targets})):
-            constants.append(node)
+    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
     if "main" not in functions:
         raise ValueError("it has no main(argv) function")
     body = functions["main"].body
@@ -345,7 +363,7 @@ def _parser_source(tree: ast.Module) -> str:
     called = {node.id for statement in [*body[:index], call.func.value] for node in ast.walk(statement)
               if isinstance(node, ast.Name)}
     helpers = [ast.unparse(functions[name]) for name in sorted(called & set(functions) - {"main"})]
-    return "\n\n".join([*(ast.unparse(c) for c in constants), *helpers,
+    return "\n\n".join([*(ast.unparse(c) for c in _literal_constants(tree)), *helpers,
                          "def _help_parser():\n" + textwrap.indent(builder, "    ")])
 
 

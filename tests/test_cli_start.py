@@ -165,6 +165,13 @@ def test_a_parser_built_from_imported_names_is_refused_by_name(tmp_path):
     script.write_text("def main(argv=None):\n    return 3\n")
     with pytest.raises(ValueError, match="never calls parse_args"):
         static_parser(script)
+    # A literal the script later replaces is not taken for the parser's value.
+    script.write_text("from kerasfast import recipes\nimport os\n\nEPOCHS = 3\nEPOCHS = int(os.environ['N'])\n\n"
+                      "def main(argv=None):\n"
+                      "    parser = recipes.parser('x', epochs=EPOCHS, batch_size=8)\n"
+                      "    return parser.parse_args(argv)\n")
+    with pytest.raises(ValueError, match="name 'EPOCHS' is not defined"):
+        static_parser(script)
 
 
 def test_a_parser_from_literal_constants_is_built_without_running_the_script(tmp_path):
