@@ -11,6 +11,7 @@ import re
 import shutil
 import struct
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -136,6 +137,45 @@ def test_tensorflow_error_mid_read_is_explained(dataset):
         list(ds)
     message = str(ds.kerasfast_info.explain(caught.value))
     assert "data-00001-of-00002.tfrecord, record 4" in message and "on_error='skip'" in message
+
+
+# -- never silently short: every pass counts each file against schema.json ---------
+
+def cut_at_record(path, index):
+    """Cuts the file at the start of record `index`: every record left is whole, so no CRC can tell."""
+    open(path, "r+b").truncate(record_offsets(path)[index])
+
+
+def test_a_file_cut_at_a_record_boundary_after_the_check_is_named_in_a_users_loop_and_in_model_fit(dataset):
+    ds = kd.tfrecord_dataset(dataset, batch_size=4, shuffle=False)  # the quick check passes: the files are whole
+    assert labels(ds) == list(range(N))
+    cut_at_record(shard(dataset, 1), 3)  # 3 of its 6 records left
+    named = re.escape(f"{shard(dataset, 1)} ends before the 6 records that schema.json promises")
+    with pytest.raises(tf.errors.InvalidArgumentError, match=named) as caught:
+        labels(ds)
+    assert "pass on_error=skip" in str(caught.value)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    with pytest.raises(tf.errors.InvalidArgumentError, match=named):
+        model.fit(ds.map(lambda x, y: (x, tf.cast(y, "float32"))), verbose=0)
+    explained = str(kd.damage_error(ds, caught.value))
+    assert "holds 3 records but schema.json says 6" in explained and shard(dataset, 1) in explained
+
+
+def test_a_shard_cut_short_without_checks_still_fails_and_on_error_skip_reads_what_is_left(dataset):
+    cut_at_record(shard(dataset, 0), 4)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=re.escape(f"{shard(dataset, 0)} ends before the 6")):
+        labels(kd.tfrecord_dataset(dataset, batch_size=4, shuffle=False, validate="none"))
+    with pytest.warns(UserWarning, match="holds 4 records but schema.json says 6"):
+        ds = kd.tfrecord_dataset(dataset, batch_size=4, shuffle=False, on_error="skip")
+    assert labels(ds) == sorted([0, 2, 4, 6, *range(1, N, 2)])  # shard 0 holds the even labels, 4 of them left
+
+
+def test_a_shard_deleted_after_the_check_is_named(dataset):
+    ds = kd.tfrecord_dataset(dataset, batch_size=4, shuffle=False)
+    os.remove(shard(dataset, 1))
+    with pytest.raises(tf.errors.NotFoundError, match=re.escape(shard(dataset, 1))):
+        labels(ds)
 
 
 # -- whole files that are not what they claim -----------------------------

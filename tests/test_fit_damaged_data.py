@@ -2,6 +2,7 @@
 a DataError with the way out, or skipped with on_error='skip'."""
 
 import pathlib
+import struct
 
 import keras
 import numpy as np
@@ -63,3 +64,28 @@ def test_on_error_skip_trains_on_the_readable_records(tmp_path):
 def test_an_unknown_on_error_is_refused(tmp_path):
     with pytest.raises(kerasfast.PlanError, match="on_error='ignore' is not valid"):
         kerasfast.fit(_model(), _records(tmp_path), on_error="ignore", run_dir=False, verbose=0)
+
+
+class _CutAShardAfterTheFirstEpoch(keras.callbacks.Callback):
+    """Cuts a shard after its first 100 records once epoch 1 has read it whole: every record left is whole."""
+
+    def __init__(self, shard):
+        super().__init__()
+        self.shard = shard
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == 0:
+            data, end = self.shard.read_bytes(), 0
+            for _ in range(100):  # each record: 8-byte length, 4-byte CRC, the data, 4-byte CRC
+                end += 16 + struct.unpack_from("<Q", data, end)[0]
+            self.shard.write_bytes(data[:end])
+
+
+def test_a_shard_cut_short_during_the_run_is_named_with_its_counts(tmp_path):
+    folder = _records(tmp_path)
+    shard = sorted(folder.glob("*.tfrecord*"))[0]
+    with pytest.raises(DataError) as raised:
+        kerasfast.fit(_model(), folder, epochs=2, batch_size=32, run_dir=False, verbose=0,
+                      callbacks=[_CutAShardAfterTheFirstEpoch(shard)])
+    message = str(raised.value)
+    assert f"{shard}: holds 100 records but schema.json says 200" in message, message

@@ -37,6 +37,13 @@ UNKNOWN_RECORD_BYTES = 1024
 # Records taken from one file at a time when that costs no randomness: it cuts
 # tf.data's per-element overhead in interleave and shuffle ~16-fold.
 DEFAULT_READ_BLOCK = 16
+# A file that ends before the records schema.json promises is padded with
+# records starting with this mark, each holding the error to raise, and the
+# batch decoder raises it. A serialized tf.train.Example cannot start with a
+# zero byte (protobuf has no field 0), so no real record carries the mark.
+# The padding costs nothing per record; counting each file's records inside
+# the pipeline cost more than the reading itself.
+SHORT_FILE_MARK = "\x00kerasfast-short-file\x00"
 
 
 @dataclasses.dataclass
@@ -114,6 +121,7 @@ class DatasetInfo:
     settings: PipelineSettings
     skipped: list
     validation: ValidationReport | None = None
+    expected: dict = dataclasses.field(default_factory=dict)  # file path -> ShardInfo from schema.json
 
     def explain(self, error: BaseException) -> DataError:
         """Turns an error raised while iterating into a `DataError` that names the file.
@@ -342,8 +350,9 @@ def tfrecord_dataset(
     request, reasons = _resolve_auto(request, sharding, resolved, counts.worker)
     settings = _pipeline_settings(request, sharding, checked.comps, reasons)
 
-    records = _read_stage(sharding, checked, settings, request.seed)
-    ds = _parse_stage(_batch_stage(records, request), request, settings, elements)
+    promised = _promised_counts(sharding.files, resolved.expected, checked)
+    records = _read_stage(sharding, checked, settings, request.seed, promised)
+    ds = _parse_stage(_batch_stage(records, request), request, settings, elements, promised is not None)
     if sharding.num_workers > 1:
         # Sharded here already; a tf.distribute strategy must not shard again.
         options = tf.data.Options()
@@ -359,7 +368,8 @@ def tfrecord_dataset(
     ds.kerasfast_info = DatasetInfo(
         files=sharding.files, schema=resolved.schema, schema_path=resolved.schema_path, label=elements.label,
         input_names=elements.input_names, num_records=counts.worker, total_records=counts.total,
-        batch_size=batch_size, steps_per_epoch=steps, settings=settings, skipped=skipped, validation=validation)
+        batch_size=batch_size, steps_per_epoch=steps, settings=settings, skipped=skipped, validation=validation,
+        expected=resolved.expected)
     if skipped:
         _warn_skipped(validation)
     return ds
@@ -587,11 +597,24 @@ def _pipeline_settings(request: _Request, sharding: _Sharding, comps: dict, reas
 
 # -- the pipeline -------------------------------------------------------------------
 
-def _read_stage(sharding: _Sharding, checked: _Checked, settings: PipelineSettings, seed):
+def _promised_counts(files: list, expected: Mapping, checked: _Checked) -> list | None:
+    """The records schema.json promises for each of `files`, when every pass must check them, else None.
+
+    A full check before reading has counted every file already (and raised,
+    or left out what it found with on_error="skip"); without a schema.json
+    there is nothing to check against.
+    """
+    if checked.validation is not None or not files:
+        return None
+    counts = [expected.get(os.path.abspath(f)) for f in files]
+    return None if any(c is None for c in counts) else [c.num_records for c in counts]
+
+
+def _read_stage(sharding: _Sharding, checked: _Checked, settings: PipelineSettings, seed, promised):
     """Serialized records of this worker: its files interleaved, its share of the records, cached if asked."""
     # With data sharding all workers must see the same file order: a fixed seed.
     file_seed = seed if seed is not None else (0 if sharding.mode == "data" else None)
-    records = _read_records(sharding.files, checked, settings, file_seed)
+    records = _read_records(sharding.files, checked, settings, file_seed, promised)
     if sharding.mode == "data":
         records = records.shard(sharding.num_workers, sharding.worker_index)
     if settings.cache is not None:
@@ -614,14 +637,20 @@ def _batch_stage(records, request: _Request):
     return records.batch(request.batch_size, drop_remainder=request.drop_remainder)
 
 
-def _parse_stage(batches, request: _Request, settings: PipelineSettings, elements: _Elements):
-    """Parses and decodes batches in parallel into model inputs, and prefetches them."""
+def _parse_stage(batches, request: _Request, settings: PipelineSettings, elements: _Elements, check_counts: bool):
+    """Parses and decodes batches in parallel into model inputs, and prefetches them.
+
+    With `check_counts`, a batch holding a short file's padding raises the
+    error the padding carries (see `SHORT_FILE_MARK`).
+    """
     import tensorflow as tf
 
     batch_size, drop_remainder = request.batch_size, request.drop_remainder
     label_name, input_names = elements.label, elements.input_names
 
     def decode_batch(serialized):
+        if check_counts:
+            serialized = _raise_on_short_files(serialized)
         if drop_remainder:
             # rebatch() loses the static batch size that drop_remainder promises; restore it.
             serialized = tf.ensure_shape(serialized, [batch_size])
@@ -638,6 +667,28 @@ def _parse_stage(batches, request: _Request, settings: PipelineSettings, element
     ds = batches.map(decode_batch, num_parallel_calls=_tune(settings.parse_parallelism),
                      deterministic=settings.deterministic)
     return ds.prefetch(_tune(settings.prefetch))
+
+
+def _raise_on_short_files(serialized):
+    """`serialized` (a batch of records), after an assertion that none is a short file's padding."""
+    import tensorflow as tf
+
+    padding = tf.strings.substr(serialized, 0, len(SHORT_FILE_MARK)) == SHORT_FILE_MARK
+    message = tf.strings.substr(tf.boolean_mask(serialized, padding)[:1], len(SHORT_FILE_MARK), -1)
+    check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(padding)), [message], summarize=1)
+    with tf.control_dependencies([check]):
+        return tf.identity(serialized)
+
+
+def _short_file_message(path, promised):
+    """The error a short file's padding carries (a string tensor; TensorFlow's assertion escapes quotes)."""
+    import tensorflow as tf
+
+    return tf.strings.join([
+        "DataError: ", path, " ends before the ", tf.strings.as_string(promised), " records that schema.json "
+        "promises for it: the file was truncated or rewritten after writing. See what is left with "
+        "kerasfast.data.check_tfrecords, write the file again, or pass on_error=skip (to tfrecord_dataset or "
+        "kerasfast.fit) to train on the records that are readable."])
 
 
 def _steps_per_epoch(request: _Request, worker_records) -> int | None:
@@ -660,15 +711,17 @@ def _warn_skipped(validation: ValidationReport) -> None:
                   stacklevel=3)  # 3: the caller of tfrecord_dataset
 
 
-def _read_records(files, checked: _Checked, settings: PipelineSettings, file_seed):
-    """Dataset of serialized records of `files`, leaving out what the reports flag."""
+def _read_records(files, checked: _Checked, settings: PipelineSettings, file_seed, promised):
+    """Dataset of serialized records of `files`, leaving out what the reports flag; a file read short
+    (fewer records than `promised`, a list per file or None) is padded with its error."""
     import tensorflow as tf
 
     fast_files, fast_bad, slow_reports = _triage(files, checked.reports)
     by_file = {r.file: r for r in checked.reports}
     parts, weights = [], []
     if fast_files:
-        parts.append(_interleaved_records(fast_files, fast_bad, checked.comps, settings, file_seed))
+        parts.append(_interleaved_records(fast_files, fast_bad, checked.comps, settings, file_seed,
+                                          promised if fast_files == files else None))
         weights.append(sum(by_file[f].num_good if f in by_file else 1 for f in fast_files))
     if slow_reports:
         parts.append(_salvaged_records(slow_reports, settings))
@@ -703,8 +756,9 @@ def _triage(files, reports) -> tuple:
     return fast_files, fast_bad, slow_reports
 
 
-def _interleaved_records(files, bad, comps, settings: PipelineSettings, file_seed):
-    """Records of `files` read by TensorFlow in parallel, leaving out the `bad` record indices of each."""
+def _interleaved_records(files, bad, comps, settings: PipelineSettings, file_seed, promised=None):
+    """Records of `files` read by TensorFlow in parallel, leaving out the `bad` record indices of each;
+    with `promised` (records per file), each file's records padded to that count with its error."""
     import tensorflow as tf
 
     any_bad = any(bad)
@@ -712,12 +766,16 @@ def _interleaved_records(files, bad, comps, settings: PipelineSettings, file_see
         tf.constant(files),
         tf.constant([comps.get(f) or "" for f in files]),
         tf.ragged.constant(bad, dtype=tf.int64, ragged_rank=1) if any_bad else tf.zeros([len(files)]),
+        tf.constant(promised or [0] * len(files), dtype=tf.int64),
     ))
     if settings.shuffle_files and len(files) > 1:
         file_ds = file_ds.shuffle(len(files), seed=file_seed, reshuffle_each_iteration=True)
 
-    def read_file(path, comp, bad):
+    def read_file(path, comp, bad, count):
         ds = tf.data.TFRecordDataset(path, compression_type=comp, buffer_size=settings.read_buffer_bytes)
+        if promised is not None:
+            padding = tf.strings.join([SHORT_FILE_MARK, _short_file_message(path, count)])
+            ds = ds.concatenate(tf.data.Dataset.from_tensors(padding).repeat()).take(count)
         if any_bad:
             ds = ds.enumerate().filter(lambda i, r: tf.logical_not(tf.reduce_any(tf.equal(i, bad))))
             ds = ds.map(lambda i, r: r)
@@ -784,7 +842,8 @@ def explain_data_error(error: BaseException, dataset_or_info: Any) -> DataError:
     comp = info.settings.compression
     expected = "auto" if comp is None or "/" in comp else comp
     decoder = make_checked_decoder(info.schema)
-    reports = [check_file(f, info.schema, expected, None, decoder) for f in info.files]
+    reports = [check_file(f, info.schema, expected, info.expected.get(os.path.abspath(f)), decoder)
+               for f in info.files]
     report = ValidationReport(reports, info.schema_path)
     if report.ok:
         return no_damage_error(info.files, error)

@@ -64,8 +64,12 @@ class FileReport:
 
     @property
     def unreadable(self) -> bool:
-        """True when the file as a whole cannot be read (missing, not TFRecord, wrong compression)."""
-        return any(p.index is None for p in self.problems)
+        """True when the file as a whole cannot be read (missing, not TFRecord, wrong compression).
+
+        A file holding fewer or more records than schema.json promises is
+        readable: its records are whole, only their count is wrong.
+        """
+        return any(p.index is None and p.kind != "count_mismatch" for p in self.problems)
 
 
 @dataclasses.dataclass
@@ -288,14 +292,17 @@ def locate_damage(
 def _scan(path_or_files, features, compression, image_size) -> tuple:
     """(files, first problem or None) of `locate_damage`."""
     info = getattr(path_or_files, "kerasfast_info", path_or_files)
+    promised = {}
     if hasattr(info, "files") and hasattr(info, "schema"):  # a dataset from tfrecord_dataset, or its DatasetInfo
         path_or_files, features = info.files, features or info.schema
+        promised = getattr(info, "expected", {})  # the counts schema.json gave when the dataset was made
     resolved = resolve_files(path_or_files, features=features, require_schema=False)
     schema = resolved.schema
     expected = expected_compression(schema, compression, resolved.schema_path is not None)
     decoder = make_checked_decoder(schema, image_size) if schema is not None else None
+    promised = resolved.expected or promised
     for f in resolved.files:
-        report = check_file(f, schema, expected, resolved.expected.get(os.path.abspath(f)), decoder)
+        report = check_file(f, schema, expected, promised.get(os.path.abspath(f)), decoder)
         if report.problems:
             return resolved.files, report.problems[0]
     return resolved.files, None
