@@ -2,8 +2,9 @@
 with their CPUs declared), 2 `TensorflowTrainer` workers each: the script
 docs/distributed.md shows (tests/workers/ray_script.py), run as the page
 says, and the same training in tests/workers/ray_loops.py with a worker
-killed mid-run, and across a network boundary: a 2-node Ray cluster whose
-nodes live in two network namespaces joined by a veth pair."""
+killed mid-run, under `kerasfast launch -n 2` (the same weights), and
+across a network boundary: a 2-node Ray cluster whose nodes live in two
+network namespaces joined by a veth pair."""
 
 import contextlib
 import json
@@ -31,8 +32,11 @@ from ray.train.tensorflow import TensorflowTrainer  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "workers" / "ray_script.py"  # docs/distributed.md shows it
+LOOPS = ROOT / "tests" / "workers" / "ray_loops.py"
 sys.path.insert(0, str(ROOT / "tests" / "workers"))
 import ray_loops  # noqa: E402
+
+from tests.test_launch import LAUNCH  # noqa: E402 - `kerasfast launch -n 2 -- python`
 
 # Quiet workers: no TensorFlow start-up lines, no Ray usage-stats prompt.
 QUIET = {"TF_CPP_MIN_LOG_LEVEL": "3", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": os.pathsep.join(
@@ -139,6 +143,16 @@ def test_a_ray_data_shard_trains_each_worker_on_its_own_rows(local_ray, tmp_path
             "Ray Data shard, 128 rows on this worker; each of 2 worker(s) reads its own shard")
     losses = [float(value) for value in (out / "loss.worker0.txt").read_text().split()]
     assert len(losses) == 2 and losses[1] < losses[0]
+
+
+def test_the_ray_job_ends_as_a_kerasfast_launch_run_of_the_same_loop(documented_run, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    done = subprocess.run([*LAUNCH, str(LOOPS), "launch", str(out)], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, **QUIET}, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    _assert_same_weights(_weights(out, 0), _weights(out, 1))
+    _assert_same_weights(_weights(out, 0), _checkpoint_weights(documented_run[1]))  # bit for bit
 
 
 @pytest.mark.slow
@@ -250,8 +264,7 @@ def test_a_two_node_cluster_across_a_network_boundary_ends_as_the_loopback_run(d
                                                                                   tmp_path):
     out, storage = tmp_path / "out", tmp_path / "storage"
     out.mkdir()
-    two_node_cluster([sys.executable, str(ROOT / "tests" / "workers" / "ray_loops.py"), f"{HEAD_IP}:{RAY_PORT}",
-                      str(out), str(storage)])
+    two_node_cluster([sys.executable, str(LOOPS), "cluster", f"{HEAD_IP}:{RAY_PORT}", str(out), str(storage)])
     network = [json.loads((out / f"network.worker{worker}.json").read_text()) for worker in (0, 1)]
     assert sorted(seen["node_ip"] for seen in network) == [HEAD_IP, NODE_IP]  # one worker on each node
     for seen in network:  # TF_CONFIG names both nodes' addresses, each worker at its own node's

@@ -108,9 +108,14 @@ def run_on_cluster(address, out, storage):
         raise result.error
 
 
-if __name__ == "__main__":  # python ray_loops.py ADDRESS OUT STORAGE: the driver of tests/test_ray.py's 2-node job
+if __name__ == "__main__":
+    # python ray_loops.py cluster ADDRESS OUT STORAGE: the driver of tests/test_ray.py's 2-node job;
+    # python ray_loops.py launch OUT: `train_loop` as a `kerasfast launch` worker.
     import sys
 
     import ray_loops  # by this name, so that Ray's workers import the loop rather than unpickle a copy
 
-    ray_loops.run_on_cluster(*sys.argv[1:4])
+    if sys.argv[1] == "cluster":
+        ray_loops.run_on_cluster(*sys.argv[2:5])
+    else:
+        ray_loops.train_loop({"out": sys.argv[2]})
