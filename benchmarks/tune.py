@@ -20,7 +20,7 @@ and "tuning, as the plan says" the mean of the plan's own `tuning_seconds`
 (tuning's time less the compilation training reuses), free of the noise
 between two whole calls.
 
-    python benchmarks/tune.py [--quick] [--seconds 20] [--confirm 2] [--only NAME[,NAME]]
+    python benchmarks/tune.py [--quick] [--seconds 20] [--confirm 2] [--only NAME[,NAME]] [--no-oracle]
 """
 
 from __future__ import annotations
@@ -142,6 +142,8 @@ def main(argv=None):
     parser.add_argument("--confirm", type=int, default=2,
                         help="alternating re-runs of the grid's best plan and auto's plan")
     parser.add_argument("--budget", type=float, default=None, help="tune_budget_s (default: tune='auto''s own)")
+    parser.add_argument("--no-oracle", action="store_true",
+                        help="leave out the grid (the oracle columns): the whole calls and rates only")
     parser.add_argument("--only", default="",
                         help="comma-separated texts: run only the models whose name contains one of them")
     args = parser.parse_args(argv)
@@ -176,14 +178,18 @@ def main(argv=None):
         auto_s = float(np.mean([seconds for _, seconds, _ in auto_calls]))
         auto_rate = float(np.mean([rate for rate, _, _ in auto_calls]))
         own_s = float(np.mean([result.plan.tuning_seconds or 0.0 for _, _, result in auto_calls]))
-        best, best_rate, auto_plan_rate = oracle(build, x, y, batch_size, loss, epochs, rules, auto, hardware,
-                                                 args.confirm)
+        if args.no_oracle:
+            oracle_columns = "— | — | — | —"
+        else:
+            best, best_rate, auto_plan_rate = oracle(build, x, y, batch_size, loss, epochs, rules, auto, hardware,
+                                                     args.confirm)
+            oracle_columns = (f"{describe(best)} | {best_rate:,.0f} | {auto_plan_rate:,.0f} | "
+                              f"{auto_plan_rate / best_rate:.2f}x")
         choices = " / ".join(dict.fromkeys(
             describe(plan_options(result.plan)) + ("" if result.plan.tuning else " (not tuned)")
             for _, _, result in auto_calls))
         print(f"| {name} | {epochs} | {plain_s:.1f} | {rules_s:.1f} | {auto_s:.1f} | {plain_s / auto_s:.2f}x | "
-              f"{plain_rate:,.0f} | {auto_rate:,.0f} | {auto_rate / plain_rate:.2f}x | {describe(best)} | "
-              f"{best_rate:,.0f} | {auto_plan_rate:,.0f} | {auto_plan_rate / best_rate:.2f}x "
+              f"{plain_rate:,.0f} | {auto_rate:,.0f} | {auto_rate / plain_rate:.2f}x | {oracle_columns} "
               f"| {auto_s - rules_s:.1f} ({(auto_s - rules_s) / plain_s:.0%}) | {own_s:.1f} ({own_s / plain_s:.0%}) | "
               f"{choices} |", flush=True)
 
