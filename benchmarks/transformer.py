@@ -108,8 +108,8 @@ def run_kerasfast(work, epochs, profile, fit_options=None):
                            shuffle=False, run_dir=False, verbose=0, callbacks=callbacks, **(fit_options or {}))
     plan = result.plan
     report = {"epoch_ends": [end - clock.started for end in clock.ends], "dtype": compute_dtype(plan.precision),
-              "plan": f"auto plan: {plan.precision}, jit_compile={plan.jit_compile}, "
-                      f"steps_per_execution={plan.steps_per_execution}"}
+              "plan": f"{'plan as forced' if fit_options else 'auto plan'}: {plan.precision}, "
+                      f"jit_compile={plan.jit_compile}, steps_per_execution={plan.steps_per_execution}"}
     if profile:
         report["top_ops"] = top_ops(work / "trace")
     return report
@@ -161,7 +161,7 @@ def top_ops(logdir, count: int = 12) -> list[tuple[str, float]]:
                     name = plane.event_metadata[event.metadata_id].name
                     if "::" in name or name in ("ExecutorDoneCallback", "BlockUntilReady"):
                         continue
-                    op = name.rsplit(":", 1)[1] if ":" in name else "XLA " + re.sub(r"[.\d]+$", "", name)
+                    op = name.rsplit(":", 1)[1] if ":" in name else "XLA " + re.sub(r"[._]?[.\d]+$", "", name)
                     totals[op] += event.duration_ps
     busy = sum(totals.values()) or 1
     return [(op, picoseconds / busy) for op, picoseconds in totals.most_common(count)]
