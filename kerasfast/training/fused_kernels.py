@@ -21,6 +21,7 @@ import contextlib
 import threading
 
 
+
 _patch_lock = threading.Lock()
 _active = threading.local()
 
