@@ -88,15 +88,6 @@ TUNED_FIELDS = ("precision", "jit_compile", "steps_per_execution")
 # How kerasfast's own steps are traced without XLA (`kerasfast.training.fused_kernels`).
 FUSED_DENSE_REASON = ("without XLA, Dense layers on inputs of rank > 2 are traced as 2-D MatMul + BiasAdd "
                       "(+ activation), the pattern TensorFlow's oneDNN fuses into one kernel")
-# "0" turns that off (to compare, or to rule it out when a graph misbehaves).
-FUSED_DENSE_SWITCH = "KERASFAST_FUSED_DENSE"
-
-
-def fused_dense_enabled() -> bool:
-    """Whether kerasfast's steps without XLA trace Dense layers in the fusing form (`KERASFAST_FUSED_DENSE`)."""
-    import os
-
-    return os.environ.get(FUSED_DENSE_SWITCH, "1") != "0"
 
 
 @dataclasses.dataclass
@@ -257,8 +248,7 @@ class Plan:
         """Why field `name` holds its value; for `jit_compile=False` under kerasfast's own train step, also
         how the step's graph is traced for TensorFlow's fused kernels (`kerasfast.training.fused_kernels`)."""
         reason = self.reasons.get(name, "")
-        if (name == "jit_compile" and not self.jit_compile and self.train_step == "kerasfast"
-                and fused_dense_enabled()):
+        if name == "jit_compile" and not self.jit_compile and self.train_step == "kerasfast":
             return f"{reason}; {FUSED_DENSE_REASON}" if reason else FUSED_DENSE_REASON
         return reason
 

@@ -21,7 +21,6 @@ import contextlib
 import threading
 
 
-
 _patch_lock = threading.Lock()
 _active = threading.local()
 

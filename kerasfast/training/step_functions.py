@@ -46,7 +46,7 @@ from __future__ import annotations
 import keras
 
 from kerasfast import _compat
-from kerasfast.plan import ONEDNN_BFLOAT16, fused_dense_enabled
+from kerasfast.plan import ONEDNN_BFLOAT16
 from kerasfast.training.precision import graph_precision
 
 
@@ -360,7 +360,7 @@ class StepFunctions:
         import tensorflow as tf
 
         traced = computing_while(function, self.model, *self._precision)
-        if not self.jit_compile and fused_dense_enabled():  # XLA fuses on its own
+        if not self.jit_compile:  # XLA fuses on its own
             traced = _fusing_dense(traced)
         compiled = tf.function(traced, reduce_retracing=True)
         precision = self._precision[0]
