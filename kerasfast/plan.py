@@ -85,11 +85,6 @@ COMPUTATION_FIELDS = (
 TUNED_FIELDS = ("precision", "jit_compile", "steps_per_execution")
 
 
-# How kerasfast's own steps are traced without XLA (`kerasfast.training.fused_kernels`).
-FUSED_DENSE_REASON = ("without XLA, Dense layers on inputs of rank > 2 are traced as 2-D MatMul + BiasAdd "
-                      "(+ activation), the pattern TensorFlow's oneDNN fuses into one kernel")
-
-
 @dataclasses.dataclass
 class Measurement:
     """One candidate: its choices, measured rate and verdict."""
@@ -218,7 +213,7 @@ class Plan:
             "fields": {
                 name: {
                     "value": getattr(self, name),
-                    "reason": self.reason(name),
+                    "reason": self.reasons.get(name, ""),
                     "source": "user" if name in self.overridden else "auto",
                 }
                 for name in FIELD_ORDER
@@ -241,16 +236,8 @@ class Plan:
             value = getattr(self, name)
             source = " (yours)" if name in self.overridden else ""
             shown = f"{value:.4g}" if isinstance(value, float) else str(value)
-            rows.append((name, f"{shown}{source}", self.reason(name)))
+            rows.append((name, f"{shown}{source}", self.reasons.get(name, "")))
         return rows
-
-    def reason(self, name: str) -> str:
-        """Why field `name` holds its value; for `jit_compile=False` under kerasfast's own train step, also
-        how the step's graph is traced for TensorFlow's fused kernels (`kerasfast.training.fused_kernels`)."""
-        reason = self.reasons.get(name, "")
-        if name == "jit_compile" and not self.jit_compile and self.train_step == "kerasfast":
-            return f"{reason}; {FUSED_DENSE_REASON}" if reason else FUSED_DENSE_REASON
-        return reason
 
     def __str__(self) -> str:
         width = max(len(name) for name in FIELD_ORDER)

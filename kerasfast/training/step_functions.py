@@ -69,20 +69,6 @@ def computing_while(function, model, precision: str, remat: str | None):
     return traced
 
 
-def _fusing_dense(function):
-    """`function`, whose traces compute Dense layers in the form TensorFlow's oneDNN fuses (see `fused_kernels`)."""
-    import functools
-
-    from kerasfast.training.fused_kernels import fused_dense
-
-    @functools.wraps(function)
-    def traced(*args):
-        with fused_dense():
-            return function(*args)
-
-    return traced
-
-
 def _unpack(data):
     return keras.utils.unpack_x_y_sample_weight(data)
 
@@ -359,10 +345,7 @@ class StepFunctions:
         (a `model.predict` during the run) stay in the user's."""
         import tensorflow as tf
 
-        traced = computing_while(function, self.model, *self._precision)
-        if not self.jit_compile:  # XLA fuses on its own
-            traced = _fusing_dense(traced)
-        compiled = tf.function(traced, reduce_retracing=True)
+        compiled = tf.function(computing_while(function, self.model, *self._precision), reduce_retracing=True)
         precision = self._precision[0]
         if precision != ONEDNN_BFLOAT16:
             return compiled
