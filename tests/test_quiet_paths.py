@@ -1,4 +1,4 @@
-"""Export, TFLite conversion and `kerasfast launch` print none of TensorFlow's
+"""Export, TFLite conversion, `kerasfast convert`, a recipe and `kerasfast launch` print none of TensorFlow's
 log lines (C++ or Python), unless KERASFAST_VERBOSE_TF=1; real errors still show."""
 
 import os
@@ -71,6 +71,19 @@ kerasfast.fit(model, (x, y), epochs=1, batch_size=16, loss="sparse_categorical_c
               verbose=0, tune="off")
 print("trained")
 """
+
+
+def test_convert_prints_no_tensorflow_log_lines(tmp_path):
+    (tmp_path / "table.csv").write_text("a,b,label\n" + "".join(f"{i},{i * 0.5},{i % 2}\n" for i in range(40)))
+    done = _kerasfast("convert", "table.csv", "records", "--shards", "2", cwd=tmp_path)
+    assert (tmp_path / "records" / "schema.json").is_file()
+    assert _tf_lines(done.stdout + done.stderr) == [], done.stderr
+
+
+def test_a_recipe_smoke_run_prints_no_tensorflow_log_lines(tmp_path):
+    done = _kerasfast("recipe", "tabular", "--smoke", "--out", str(tmp_path / "run"), cwd=tmp_path)
+    assert "test accuracy" in done.stdout
+    assert _tf_lines(done.stdout + done.stderr) == [], done.stderr[-3000:]
 
 
 def test_a_two_worker_launch_prints_no_tensorflow_log_lines(tmp_path):
