@@ -114,10 +114,22 @@ def _gpu_memory_mib() -> list[int]:
         return []
 
 
+def _listed_devices(kind: str) -> list:
+    """`tf.config.list_physical_devices(kind)`, without the lines TensorFlow logs when it first probes the
+    devices (`failed call to cuInit` on a machine without a GPU): they print even when TensorFlow was
+    imported before kerasfast, so they are filtered here (KERASFAST_VERBOSE_TF=1 shows them)."""
+    import tensorflow as tf
+
+    from kerasfast._quiet import filtered_stderr
+
+    with filtered_stderr():
+        return tf.config.list_physical_devices(kind)
+
+
 def _gpus() -> tuple[GPU, ...]:
     import tensorflow as tf
 
-    devices = tf.config.list_physical_devices("GPU")
+    devices = _listed_devices("GPU")
     memories = _gpu_memory_mib()
     gpus = []
     for index, device in enumerate(devices):
@@ -131,9 +143,7 @@ def _gpus() -> tuple[GPU, ...]:
 
 
 def _tpu_cores() -> int:
-    import tensorflow as tf
-
-    return len(tf.config.list_physical_devices("TPU"))
+    return len(_listed_devices("TPU"))
 
 
 def detect_hardware() -> Hardware:

@@ -135,3 +135,14 @@ def test_tensorflow_imported_after_kerasfast_is_quiet_even_after_a_look_up():
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "2.0"
     assert _tf_lines(done.stderr) == [] and "oneDNN" not in done.stderr, done.stderr
+
+
+def test_with_keras_imported_first_only_the_import_lines_print(tmp_path):
+    """TensorFlow's lines at import come before kerasfast exists; the device probe's (cuInit) are filtered."""
+    script = ("import sys\nimport keras\nimport kerasfast\nprint('imported', file=sys.stderr, flush=True)\n"
+              "kerasfast.detect_hardware()\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=_env(), timeout=300,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    after_import = done.stderr.split("imported\n", 1)[1]
+    assert _tf_lines(after_import) == [], after_import
