@@ -720,8 +720,8 @@ def _read_records(files, checked: _Checked, settings: PipelineSettings, file_see
     by_file = {r.file: r for r in checked.reports}
     parts, weights = [], []
     if fast_files:
-        parts.append(_interleaved_records(fast_files, fast_bad, checked.comps, settings, file_seed,
-                                          promised if fast_files == files else None))
+        # `promised` is only given without a full check, when no report leaves a file out: fast_files == files.
+        parts.append(_interleaved_records(fast_files, fast_bad, checked.comps, settings, file_seed, promised))
         weights.append(sum(by_file[f].num_good if f in by_file else 1 for f in fast_files))
     if slow_reports:
         parts.append(_salvaged_records(slow_reports, settings))
