@@ -24,6 +24,7 @@ import argparse
 import ast
 import atexit
 import importlib.util
+import os
 import pathlib
 import shutil
 import sys
@@ -43,6 +44,20 @@ RECIPES = ("image_classification", "gpt", "text_classification", "tabular")
 _command_line = None
 
 
+class _RecipeParser(argparse.ArgumentParser):
+    """An argument parser that keeps what it parsed, and from which script,
+    on the result (`recipe_argv`, `recipe_script`): `start` hands the same
+    command line to Ray Train workers (`--ray-workers`)."""
+
+    script: str | None = None
+
+    def parse_known_args(self, args=None, namespace=None):
+        parsed, extras = super().parse_known_args(args, namespace)
+        parsed.recipe_argv = [str(arg) for arg in (sys.argv[1:] if args is None else args)]
+        parsed.recipe_script = self.script
+        return parsed, extras
+
+
 def parser(description: str, *, epochs: int, batch_size: int, out: str | None = None) -> argparse.ArgumentParser:
     """An argument parser with the flags every recipe takes.
 
@@ -50,9 +65,12 @@ def parser(description: str, *, epochs: int, batch_size: int, out: str | None = 
     (target sparsity, 0 = off), --export (write the pruned int8 TFLite and
     report), --out RUN_DIR, --smoke (tiny sizes, under a minute on 2 cores),
     --data (the user's own data; each recipe says what it takes),
-    --data-service grpc://HOST:PORT (fit's `data_service=`).
+    --data-service grpc://HOST:PORT (fit's `data_service=`), --ray-workers N
+    (the whole recipe on N Ray Train workers; see `start`).
     """
-    parser = argparse.ArgumentParser(prog=_command_line, description=description)
+    parser = _RecipeParser(prog=_command_line, description=description)
+    # The recipe calling this: Ray Train workers run the same script.
+    parser.script = sys._getframe(1).f_globals.get("__file__")
     parser.add_argument("--epochs", type=int, default=epochs)
     parser.add_argument("--batch-size", type=int, default=batch_size)
     parser.add_argument("--precision", default="auto",
@@ -68,6 +86,9 @@ def parser(description: str, *, epochs: int, batch_size: int, out: str | None = 
     parser.add_argument("--data", default=None, help="your own data instead of the built-in default")
     parser.add_argument("--data-service", default=None, metavar="grpc://HOST:PORT",
                         help="run the training input pipeline on a tf.data service (kerasfast data-service)")
+    parser.add_argument("--ray-workers", type=int, default=0, metavar="N",
+                        help="run the recipe on N Ray Train workers: a local Ray cluster, or the one RAY_ADDRESS "
+                             "names; --out must then be a folder every node sees (pip install 'kerasfast[ray]')")
     return parser
 
 
@@ -79,8 +100,16 @@ def start(args):
     MultiWorkerMirroredStrategy, which TensorFlow only allows before its
     runtime starts.
 
+    With `--ray-workers N` (and outside a Ray Train worker), this process
+    instead starts N Ray Train workers that each run the recipe with the
+    same flags (`kerasfast.distribute.ray_train.run_on_ray_workers`),
+    waits for them, and exits: status 0 when they finished, 1 with the
+    workers' error otherwise. The chief writes the run folder (`--out`)
+    as under `kerasfast launch`; Ray's own records (per-epoch metrics, the
+    final model) go to `--out`/ray.
+
     Args:
-        args: The parsed common flags (uses `args.strategy`).
+        args: The parsed common flags (uses `args.strategy`, `args.ray_workers`).
 
     Returns:
         This process's `kerasfast.distribute.ClusterSpec`: `.is_chief` says
@@ -89,10 +118,50 @@ def start(args):
     from kerasfast import distribute
     from kerasfast.threads import configure_threads, runtime_started
 
+    if args.ray_workers:
+        _run_on_ray(args)
     if not runtime_started():
         configure_threads()
     distribute.setup(args.strategy)
     return distribute.cluster_from_env()
+
+
+def _run_on_ray(args) -> None:
+    """Runs the recipe's script with the same flags on `args.ray_workers`
+    Ray Train workers, then exits (see `start`)."""
+    from kerasfast.distribute import ray_train
+    from kerasfast.errors import PlanError
+
+    if ray_train.train_context() is not None:
+        raise PlanError("--ray-workers was given inside a Ray Train worker: Ray runs do not nest. Leave the flag "
+                        "out of the command line the workers run.")
+    if args.ray_workers < 0:
+        raise PlanError(f"--ray-workers {args.ray_workers}: give a number of workers (1 or more), or 0 for none.")
+    if not args.recipe_script:
+        raise PlanError("--ray-workers: this recipe's parser was not made by kerasfast.recipes.parser() in its "
+                        "script, so the workers cannot tell which script to run.")
+    out = pathlib.Path(args.out).resolve()
+    # The flags given last win: each worker writes to the same absolute run
+    # folder and starts no Ray run of its own.
+    argv = [*args.recipe_argv, "--out", str(out), "--ray-workers", "0"]
+    config = {"script": str(pathlib.Path(args.recipe_script).resolve()), "argv": argv, "cwd": os.getcwd()}
+    failure = ray_train.run_on_ray_workers(_ray_worker_main, config, workers=args.ray_workers,
+                                           storage=out, name="ray")
+    if failure is not None:
+        sys.exit(f"{pathlib.Path(args.recipe_script).name}: the Ray Train workers failed: {failure}")
+    print(f"ray: {args.ray_workers} worker(s) finished; run folder {out}, Ray's records {out / 'ray'}")
+    sys.exit(0)
+
+
+def _ray_worker_main(config: dict) -> None:
+    """What each Ray Train worker runs: the recipe's `main` with its flags.
+
+    Relative paths in the flags (e.g. `--data`) are read from the folder
+    the command ran in, where that folder exists on the worker's machine.
+    """
+    if os.path.isdir(config["cwd"]):
+        os.chdir(config["cwd"])
+    _load_script(pathlib.Path(config["script"])).main(config["argv"])
 
 
 def data_dir(out, cluster) -> pathlib.Path:
@@ -285,8 +354,11 @@ def load_recipe(name: str):
         click.ClickException: When NAME is not a recipe (see `recipe_path`),
             or its script has no `main(argv)`.
     """
-    path = recipe_path(name)
-    spec = importlib.util.spec_from_file_location(f"kerasfast_recipe_{name}", path)
+    return _load_script(recipe_path(name))
+
+
+def _load_script(path: pathlib.Path):
+    spec = importlib.util.spec_from_file_location(f"kerasfast_recipe_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     if not callable(getattr(module, "main", None)):

@@ -121,8 +121,10 @@ def test_the_documented_script_reports_each_epoch_and_ends_with_the_model(docume
     assert not (run_folder / "backup").exists() or not any((run_folder / "backup").iterdir())  # cleared at the end
     assert "model: " in done.stdout
     console = done.stdout + done.stderr
-    # What kerasfast decides stays quiet: TensorFlow's Python notices in the workers; Ray's token notice.
-    for chatter in ("INFO:tensorflow", "Collective all_reduce", "Token authentication is enabled"):
+    # What kerasfast decides stays quiet: TensorFlow's start-up lines (kerasfast.distribute.ray_runtime_env) and
+    # Python notices in the workers; Ray's token notice and its line per report.
+    for chatter in ("port.cc", "cudart_stub", "INFO:tensorflow", "Collective all_reduce",
+                    "Token authentication is enabled", "Reporting training result"):
         assert chatter not in console, console[-3000:]
 
 
@@ -276,3 +278,41 @@ def test_a_two_node_cluster_across_a_network_boundary_ends_as_the_loopback_run(d
     _assert_same_weights(_weights(out, 0), _checkpoint_weights(documented_run[1]))
     _assert_same_weights(_checkpoint_weights(Result.from_path(str(storage / "across"))),
                          _checkpoint_weights(documented_run[1]))
+
+
+@pytest.mark.slow
+def test_a_recipe_runs_on_ray_workers_with_one_flag_and_a_quiet_console(tmp_path):
+    """`kerasfast recipe tabular --ray-workers 2`: a local Ray cluster started by the command, the recipe on two
+    Ray Train workers, the run folder written by the chief, Ray's records beside it, no TensorFlow start-up lines."""
+    from tests.test_recipes import assert_run_folder
+
+    out = tmp_path / "run"
+    env = {name: value for name, value in os.environ.items() if name not in ("TF_CPP_MIN_LOG_LEVEL", "RAY_ADDRESS")}
+    done = subprocess.run(
+        [sys.executable, "-m", "kerasfast.cli", "recipe", "tabular", "--smoke", "--epochs", "4",
+         "--ray-workers", "2", "--out", "run"],
+        cwd=tmp_path, env={**env, **RAY_SETTINGS, "RAY_USAGE_STATS_ENABLED": "0"}, capture_output=True, text=True,
+        timeout=600)
+    console = done.stdout + done.stderr
+    assert done.returncode == 0, console[-4000:]
+    metrics = assert_run_folder(out)
+    assert metrics["strategy"] == "multi_worker" and metrics["num_replicas"] == 2
+    assert metrics["test_accuracy"] > metrics["majority_class_accuracy"]
+    assert console.count("tabular classification: test accuracy") == 1  # only the chief prints the summary
+    assert f"run folder {out}" in console
+    result = Result.from_path(str(out / "ray"))
+    assert list(result.metrics_dataframe["epoch"]) == [1, 2, 3, 4]
+    with result.checkpoint.as_directory() as folder:
+        assert (pathlib.Path(folder) / "model.keras").is_file()
+    # TensorFlow's start-up lines (oneDNN, cudart, cuInit) in the workers, and its Python notices.
+    for chatter in ("port.cc", "cudart_stub", "cuInit", "INFO:tensorflow", "Token authentication is enabled",
+                    "Reporting training result"):
+        assert chatter not in console, console[-4000:]
+
+
+def test_ray_workers_refuses_a_negative_count(tmp_path):
+    from kerasfast import recipes
+    from kerasfast.errors import PlanError
+
+    with pytest.raises(PlanError, match=r"--ray-workers -1: give a number of workers"):
+        recipes.load_recipe("tabular").main(["--smoke", "--ray-workers", "-1", "--out", str(tmp_path)])

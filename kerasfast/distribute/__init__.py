@@ -8,9 +8,9 @@ from kerasfast.distribute.strategy import (
     resolve_strategy,
     setup,
 )
-from kerasfast.distribute.ray_train import ray_dataset
+from kerasfast.distribute.ray_train import ray_dataset, ray_runtime_env
 
 __all__ = [
     "ClusterSpec", "Distribution", "cluster_from_env", "multi_worker_strategy",
-    "ray_dataset", "resolve_strategy", "setup",
+    "ray_dataset", "ray_runtime_env", "resolve_strategy", "setup",
 ]

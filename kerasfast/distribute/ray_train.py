@@ -17,7 +17,10 @@ shards and collects metrics and checkpoints. Inside a Ray Train worker,
   epoch's report carries the trained model, `model.keras`, saved by the
   chief after training.
 
-`ray_dataset()` turns a worker's Ray Data shard into `fit`'s data.
+`ray_dataset()` turns a worker's Ray Data shard into `fit`'s data;
+`ray_runtime_env()` keeps the workers' consoles as quiet as any kerasfast
+process; `run_on_ray_workers()` runs a training function on N workers
+(`kerasfast recipe NAME --ray-workers N`).
 
 Ray is imported only when a Ray Train worker has already imported it:
 kerasfast imports and works without Ray installed.
@@ -56,20 +59,121 @@ def train_context():
         return None
 
 
-def quiet_tensorflow_logger() -> None:
-    """In a Ray Train worker, TensorFlow's Python notices at WARNING and above, as in any process.
+# Ray Train 2.60 logs "Reporting training result N: TrainingReport(...)" at
+# INFO, once per report and worker, through this module's logger (named by
+# its file, so Ray's `LoggingConfig` level does not reach it).
+_RAY_REPORT_LOGGER_MODULE = "ray.train.v2._internal.execution.context"
+
+
+def quiet_worker_loggers() -> None:
+    """In a Ray Train worker, Python notices at WARNING and above, as in any process.
 
     Ray sets a worker's root logger to INFO, so every line TensorFlow's
     `tensorflow` logger has at INFO ("Enabled multi-worker collective ops
     ...", "Collective all_reduce tensors ...") would reach the console,
-    twice. A level the user set on that logger is kept, and
-    `KERASFAST_VERBOSE_TF=1` keeps them all.
+    twice, and Ray Train prints a line per report and worker. A level the
+    user set on those loggers is kept, and `KERASFAST_VERBOSE_TF=1` keeps
+    them all.
     """
     from kerasfast._quiet import verbose_requested
 
-    tf_logger = logging.getLogger("tensorflow")
-    if tf_logger.level == logging.NOTSET and not verbose_requested() and train_context() is not None:
-        tf_logger.setLevel(logging.WARNING)
+    if verbose_requested() or train_context() is None:
+        return
+    report_module = sys.modules.get(_RAY_REPORT_LOGGER_MODULE)
+    loggers = [logging.getLogger("tensorflow"), getattr(report_module, "logger", None)]
+    for logger in loggers:
+        if isinstance(logger, logging.Logger) and logger.level == logging.NOTSET:
+            logger.setLevel(logging.WARNING)
+
+
+def quiet_worker() -> None:
+    """Ray's `worker_process_setup_hook` for a quiet console (see `ray_runtime_env`).
+
+    Runs as a Ray worker process starts, before Ray Train's worker imports
+    TensorFlow (`ray.train.tensorflow` does), so TensorFlow's start-up lines
+    (oneDNN, cudart, cuInit) are filtered as in any kerasfast process. A
+    no-op with `KERASFAST_VERBOSE_TF=1`.
+    """
+    from kerasfast._quiet import quiet_tensorflow
+
+    quiet_tensorflow()
+
+
+def ray_runtime_env() -> dict:
+    """A Ray `runtime_env` under which Ray Train workers print as any kerasfast process.
+
+    - `worker_process_setup_hook`: `quiet_worker`, so TensorFlow's start-up
+      lines are filtered in every worker (Ray's worker imports TensorFlow
+      before the training function runs, so kerasfast cannot do it later).
+    - `RAY_TRAIN_ENABLE_PRINT_PATCH=0`: Ray Train 2.60 turns each `print` of
+      a worker into a log record and, since Ray wraps the worker's stdout,
+      also prints it, so every line of kerasfast's plan and summary would
+      appear twice.
+
+    Pass it to `ray.init(runtime_env=...)` or `RunConfig(worker_runtime_env=...)`.
+
+    Example:
+
+    >>> sorted(ray_runtime_env())
+    ['env_vars', 'worker_process_setup_hook']
+    """
+    return {"worker_process_setup_hook": f"{__name__}.{quiet_worker.__name__}",
+            "env_vars": {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}}
+
+
+def run_on_ray_workers(loop, config: dict, *, workers: int, storage, name: str) -> str | None:
+    """Runs `loop(config)` on `workers` Ray Train workers and waits for them.
+
+    Joins the Ray cluster that `RAY_ADDRESS` names, or starts a local one
+    with this machine's CPUs, shared equally among the workers (on a
+    cluster each worker takes Ray's default of one CPU). Workers print as
+    any kerasfast process (`ray_runtime_env`), and Ray Train's own console
+    lines are kept to warnings (one per report and worker otherwise).
+    `kerasfast recipe NAME --ray-workers N` runs recipes this way.
+
+    Args:
+        loop: The training function (importable by the workers, e.g. a
+            module-level function of an installed package).
+        config: Its one argument, Ray's `train_loop_config`.
+        workers: Number of Ray Train workers.
+        storage: Ray's `RunConfig(storage_path=...)`: a folder every node sees.
+        name: The run's name (its records go to `storage/name`).
+
+    Returns:
+        None when every worker finished, else the workers' error as text.
+
+    Raises:
+        PlanError: When Ray is not installed.
+    """
+    import os
+
+    # Ray reads its authentication mode when imported: token authentication,
+    # its default for a local cluster, chosen explicitly so that Ray does not
+    # print a line saying it chose it.
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
+    try:
+        import ray
+        from ray.train import LoggingConfig, RunConfig, ScalingConfig
+        from ray.train.tensorflow import TensorflowTrainer
+    except ImportError as error:
+        raise PlanError(f"Ray Train is not installed ({error}): pip install 'kerasfast[ray]'.") from error
+    local = not os.environ.get("RAY_ADDRESS")
+    cpus = os.cpu_count() or 1
+    if not ray.is_initialized():
+        # The job's environment also reaches Ray Train's controller, which imports TensorFlow too.
+        ray.init(num_cpus=max(cpus, workers) if local else None, runtime_env=ray_runtime_env(),
+                 logging_level=logging.WARNING)
+    trainer = TensorflowTrainer(
+        loop, train_loop_config=config,
+        scaling_config=ScalingConfig(num_workers=workers,
+                                     resources_per_worker={"CPU": max(1, cpus // workers) if local else 1}),
+        run_config=RunConfig(name=name, storage_path=str(storage), worker_runtime_env=ray_runtime_env(),
+                             logging_config=LoggingConfig(log_level="WARNING")))
+    try:
+        trainer.fit()
+    except ray.train.TrainingFailedError as error:
+        return str(error)
+    return None
 
 
 def run_storage(context) -> pathlib.Path | None:

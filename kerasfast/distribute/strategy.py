@@ -161,7 +161,7 @@ def multi_worker_strategy(timeout_seconds: int | None = None):
             "already exists. Call kerasfast.distribute.setup() at the top of the script, and pass fit a "
             "function that builds the model (or build it after setup())."
         )
-    ray_train.quiet_tensorflow_logger()  # a Ray Train worker logs TensorFlow's INFO lines
+    ray_train.quiet_worker_loggers()  # a Ray Train worker logs TensorFlow's and Ray's INFO lines
     options = tf.distribute.experimental.CommunicationOptions(
         implementation=tf.distribute.experimental.CommunicationImplementation.RING,
         timeout_seconds=timeout_seconds or _default_timeout(),

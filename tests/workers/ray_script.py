@@ -5,14 +5,13 @@
 
 import sys
 
+import kerasfast
 import ray
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.tensorflow import TensorflowTrainer
 
 
 def train_loop_per_worker(config):
-    import kerasfast
-
     kerasfast.distribute.setup()  # first thing: before any model or tensor
 
     import keras
@@ -29,7 +28,8 @@ def train_loop_per_worker(config):
 
 
 if __name__ == "__main__":
-    ray.init(num_cpus=4, runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "3"}})
+    # Workers that print as kerasfast does everywhere: no TensorFlow start-up lines.
+    ray.init(num_cpus=4, runtime_env=kerasfast.distribute.ray_runtime_env())
     trainer = TensorflowTrainer(
         train_loop_per_worker,
         scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
