@@ -2,8 +2,9 @@
 # GPU check: the same side-by-side comparison as benchmarks/run_all.py, on a
 # GPU machine, for the convnet and GPT recipe models under mixed_bfloat16
 # and mixed_float16, XLA on and off; then benchmarks/tune.py's comparison
-# (plain Keras, the rules, every grid candidate, tune="auto") on the GPU.
-# Finishes in under 10 minutes on one modern GPU; prints Markdown tables to
+# (plain Keras, the rules, every grid candidate, tune="auto") on the GPU, and
+# benchmarks/transformer.py (the GPT recipe's model against PyTorch).
+# Finishes in about 10-15 minutes on one modern GPU; prints Markdown tables to
 # paste into docs/benchmarks.md.
 #
 #   bash benchmarks/gpu_check.sh            # needs kerasfast installed with a GPU build of TensorFlow
@@ -47,3 +48,5 @@ PY
 # Tuning on the GPU: whole calls on ~10 s runs, the grid on short ones.
 timeout 300 python benchmarks/tune.py --quick --seconds 10 --only "CNN"
 timeout 240 python benchmarks/tune.py --quick --seconds 10 --only "GPT"
+# The GPT recipe's model against PyTorch (eager and torch.compile, when torch is installed: the benchmark extra).
+timeout 300 python benchmarks/transformer.py --rounds 1
