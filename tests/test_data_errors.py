@@ -130,13 +130,37 @@ def test_corrupted_record_is_located_and_skipped_without_losing_the_rest(dataset
     assert ds.kerasfast_info.steps_per_epoch == 3
 
 
-def test_tensorflow_error_mid_read_is_explained(dataset):
-    corrupt_data(shard(dataset, 1), 4)  # not seen by the quick check (first record is fine)
-    ds = kd.tfrecord_dataset(dataset, batch_size=4)
-    with pytest.raises(tf.errors.DataLossError) as caught:
-        list(ds)
-    message = str(ds.kerasfast_info.explain(caught.value))
-    assert "data-00001-of-00002.tfrecord, record 4" in message and "on_error='skip'" in message
+def flip_length(path, index):
+    """Flips one byte of record `index`'s length header: its header CRC no longer matches."""
+    data = bytearray(open(path, "rb").read())
+    data[record_offsets(path)[index] + 1] ^= 0x01
+    open(path, "wb").write(bytes(data))
+
+
+def cut_inside(path, index):
+    """Cuts the file in the middle of record `index`."""
+    open(path, "r+b").truncate(record_offsets(path)[index] + 20)
+
+
+@pytest.mark.parametrize("damage", [corrupt_data, flip_length, cut_inside],
+                         ids=["flipped payload byte", "flipped length header", "truncated record"])
+def test_damage_after_the_check_is_named_in_a_users_loop_and_in_model_fit(dataset, damage):
+    ds = kd.tfrecord_dataset(dataset, batch_size=4, shuffle=False)  # the quick check passes: the files are whole
+    damage(shard(dataset, 1), 4)
+    # TensorFlow's own error ("corrupted record at 372", "truncated record at ...") names no file; the pass's
+    # record count names it, and the tool that finds the record.
+    named = re.escape(f"{shard(dataset, 1)} ends before the 6 records that schema.json promises")
+    with pytest.raises(tf.errors.InvalidArgumentError, match=named) as caught:
+        labels(ds)
+    assert re.search(re.escape(f"check_tfrecords({shard(dataset, 1)}) names the first bad record"), str(caught.value))
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    with pytest.raises(tf.errors.InvalidArgumentError, match=named):
+        model.fit(ds.map(lambda x, y: (x, tf.cast(y, "float32"))), verbose=0)
+    offset = record_offsets(shard(dataset, 1))[4]
+    explained = str(ds.kerasfast_info.explain(caught.value))
+    assert f"data-00001-of-00002.tfrecord, record 4 (byte offset {offset})" in explained
+    assert "on_error='skip'" in explained
 
 
 # -- never silently short: every pass counts each file against schema.json ---------
@@ -175,6 +199,14 @@ def test_a_shard_deleted_after_the_check_is_named(dataset):
     ds = kd.tfrecord_dataset(dataset, batch_size=4, shuffle=False)
     os.remove(shard(dataset, 1))
     with pytest.raises(tf.errors.NotFoundError, match=re.escape(shard(dataset, 1))):
+        labels(ds)
+
+
+def test_a_shard_that_cannot_be_read_after_the_check_is_named_and_never_retried(dataset):
+    ds = kd.tfrecord_dataset(dataset, batch_size=4, shuffle=False)
+    os.remove(shard(dataset, 1))
+    os.mkdir(shard(dataset, 1))  # opens, but every read fails: the error is raised, not skipped or retried
+    with pytest.raises(tf.errors.OpError, match=re.escape(shard(dataset, 1))):
         labels(ds)
 
 
@@ -332,15 +364,18 @@ def test_locate_damage_finds_a_record_missing_a_key(dataset):
 
 def test_damage_error_turns_tensorflow_errors_into_data_errors(dataset):
     corrupt_data(shard(dataset, 1), 4)  # past the quick check: TensorFlow fails mid-read, without the file
-    ds = kd.tfrecord_dataset(dataset, batch_size=4, shuffle=False)
+    ds = kd.tfrecord_dataset(dataset, batch_size=4, shuffle=False, validate="none")
+    schema = (dataset / "schema.json").read_text()
+    os.remove(dataset / "schema.json")  # no counts to check: TensorFlow's own DataLossError
     with pytest.raises(tf.errors.DataLossError) as caught:
-        list(ds)
-    error = kd.damage_error(str(dataset), caught.value)
+        list(kd.tfrecord_dataset(str(dataset / "*.tfrecord"), batch_size=4, shuffle=False, features=SPEC, label="y"))
+    error = kd.damage_error(str(dataset / "*.tfrecord"), caught.value, features=SPEC)
     offset = record_offsets(shard(dataset, 1))[4]
     assert isinstance(error, DataError)
     assert str(error).startswith(f"{shard(dataset, 1)}, record 4 (byte offset {offset}): record 4 is corrupted")
     assert "on_error='skip'" in str(error) and "TensorFlow said: DataLossError" in str(error)
-    assert str(kd.damage_error(ds, caught.value)) == str(error)  # the dataset itself will do as well
+    assert str(kd.damage_error(ds, caught.value)) == str(error)  # a dataset from before will do as well
+    (dataset / "schema.json").write_text(schema)
 
     corrupt_data(shard(dataset, 1), 4)  # flipped back: intact again
     drop_key(shard(dataset, 1), 4)  # now a parse error instead (InvalidArgumentError in TensorFlow)

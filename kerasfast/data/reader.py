@@ -686,8 +686,9 @@ def _short_file_message(path, promised):
 
     return tf.strings.join([
         "DataError: ", path, " ends before the ", tf.strings.as_string(promised), " records that schema.json "
-        "promises for it: the file was truncated or rewritten after writing. See what is left with "
-        "kerasfast.data.check_tfrecords, write the file again, or pass on_error=skip (to tfrecord_dataset or "
+        "promises for it: a record is damaged (reading stops at the first one), or the file was truncated, "
+        "rewritten or removed after writing. kerasfast.data.check_tfrecords(", path, ") names the first bad "
+        "record and its byte offset; write the file again, or pass on_error=skip (to tfrecord_dataset or "
         "kerasfast.fit) to train on the records that are readable."])
 
 
@@ -772,8 +773,19 @@ def _interleaved_records(files, bad, comps, settings: PipelineSettings, file_see
         file_ds = file_ds.shuffle(len(files), seed=file_seed, reshuffle_each_iteration=True)
 
     def read_file(path, comp, bad, count):
-        ds = tf.data.TFRecordDataset(path, compression_type=comp, buffer_size=settings.read_buffer_bytes)
+        def records():
+            return tf.data.TFRecordDataset(path, compression_type=comp, buffer_size=settings.read_buffer_bytes)
+
+        ds = records()
         if promised is not None:
+            # TensorFlow's error for a damaged record (a CRC mismatch, a
+            # truncated record or GZIP stream) names no file; ending the
+            # file's records there instead lets the count check below raise
+            # an error that does. TFRecordDataset moves past the file after a
+            # read error, but retries a failed open, which ignore_errors()
+            # would repeat forever: the first record is read without it, so
+            # a missing or unreadable file fails there, named by TensorFlow.
+            ds = ds.take(1).concatenate(records().skip(1).ignore_errors())
             padding = tf.strings.join([SHORT_FILE_MARK, _short_file_message(path, count)])
             ds = ds.concatenate(tf.data.Dataset.from_tensors(padding).repeat()).take(count)
         if any_bad:
