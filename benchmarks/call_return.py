@@ -9,7 +9,7 @@ folder, the user's own `tf.data.Dataset` with autotuned map and prefetch,
 a Python generator), each call in its own process, and prints the time
 from the end of the last epoch to the call's return.
 
-    python benchmarks/call_return.py [--epochs 100] [--repeats 2]
+    python benchmarks/call_return.py [--epochs 100] [--repeats 2] [--streams arrays,tfrecords]
 """
 
 from __future__ import annotations
@@ -97,6 +97,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--streams", default=",".join(STREAMS), help="comma-separated: " + ", ".join(STREAMS))
     parser.add_argument("--one", nargs=2, metavar=("STREAM", "RUNNER"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
@@ -104,14 +105,14 @@ def main(argv=None):
         return
     print(f"| stream | call | seconds from the last step to the return ({args.repeats} runs) | whole call s |")
     print("|---|---|---:|---:|")
-    for stream in STREAMS:
+    for stream in args.streams.split(","):
         for runner in RUNNERS:
             runs = []
             for _ in range(args.repeats):
                 done = subprocess.run([sys.executable, __file__, "--epochs", str(args.epochs), "--one", stream, runner],
                                       capture_output=True, text=True, check=True)
                 runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
-            returns = ", ".join(f"{run['return_s']:.2f}" for run in runs)
+            returns = ", ".join(f"{run['return_s']:.3f}" for run in runs)
             calls = ", ".join(f"{run['call_s']:.1f}" for run in runs)
             print(f"| {stream} | {runner} | {returns} | {calls} |", flush=True)
 
