@@ -118,7 +118,7 @@ def start(args):
     from kerasfast import distribute
     from kerasfast.threads import configure_threads, runtime_started
 
-    if args.ray_workers:
+    if getattr(args, "ray_workers", 0):  # a script's own parser may not have the flag
         _run_on_ray(args)
     if not runtime_started():
         configure_threads()
