@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import pathlib
 import sys
 import warnings
@@ -145,8 +146,6 @@ def run_on_ray_workers(loop, config: dict, *, workers: int, storage, name: str) 
     Raises:
         PlanError: When Ray is not installed.
     """
-    import os
-
     # Ray reads its authentication mode when imported: token authentication,
     # its default for a local cluster, chosen explicitly so that Ray does not
     # print a line saying it chose it.
@@ -167,6 +166,7 @@ def run_on_ray_workers(loop, config: dict, *, workers: int, storage, name: str) 
         loop, train_loop_config=config,
         scaling_config=ScalingConfig(num_workers=workers,
                                      resources_per_worker={"CPU": max(1, cpus // workers) if local else 1}),
+        # The workers' own environment too: a Ray the caller already started lacks the job's.
         run_config=RunConfig(name=name, storage_path=str(storage), worker_runtime_env=ray_runtime_env(),
                              logging_config=LoggingConfig(log_level="WARNING")))
     try:
