@@ -94,6 +94,12 @@ def optimizer_strategy(optimizer):
     return getattr(optimizer, "_distribution_strategy", None)
 
 
+def adam_moments(optimizer, variable) -> tuple:
+    """`(m, v)`: the first and second moment variables a Keras Adam keeps for `variable`."""
+    index = optimizer._get_variable_index(variable)
+    return optimizer._momentums[index], optimizer._velocities[index]
+
+
 def loss_tracker(model):
     """The `Mean` metric behind the "loss" entry of Keras's logs (None before `compile`)."""
     return getattr(model, "_loss_tracker", None)

@@ -63,6 +63,8 @@ BF16_MIN_TRAIN_STEP_FLOPS = 1e8
 BF16_MIN_CONV_BATCH_NORM_STEP_FLOPS = 4e9
 DEFAULT_BATCH_SIZE = 32
 DEFAULT_LEARNING_RATE = 1e-3
+# What the plan says of an optimizer whose update runs fused.
+FUSED_UPDATE_NOTE = "; its update of each weight runs as one TensorFlow op (ResourceApplyAdam): a shorter trace"
 WARMUP_FRACTION = 0.05
 FIELD_ORDER = (
     "strategy", "num_replicas", "train_step", "precision", "jit_compile", "steps_per_execution", "steps_per_epoch",
@@ -268,6 +270,8 @@ class ModelFacts:
         user_optimizer: Class name of the optimizer the user gave (or compiled
             with), None when kerasfast picks it.
         user_learning_rate: The user optimizer's learning rate if constant.
+        fused_update: The optimizer's update of each weight runs as one op
+            (Keras's own Adam or AdamW; `kerasfast.training.optimizers.fused_update`).
         custom_train_step: "Class.train_step" when the model overrides
             `train_step` (kerasfast then runs it), else None.
         compile_jit_compile: `jit_compile` as passed to the model's
@@ -291,6 +295,7 @@ class ModelFacts:
     conv_flops: int = 0
     user_optimizer: str | None = None
     user_learning_rate: float | None = None
+    fused_update: bool = False
     custom_train_step: str | None = None
     compile_jit_compile: Any = "auto"
     compile_steps_per_execution: int = 1
@@ -1180,7 +1185,7 @@ def _resolve_optimizer_and_schedule(learning_rate, lr_schedule, model: ModelFact
                 "already a schedule: pass learning_rate= or drop lr_schedule=."
             )
         why = "your optimizer's learning rate is used as is" if schedule == "optimizer's own" else "requested"
-        return model.user_optimizer, "yours", peak, schedule, why
+        return model.user_optimizer, "yours" + (FUSED_UPDATE_NOTE if model.fused_update else ""), peak, schedule, why
     peak = learning_rate if learning_rate is not None else DEFAULT_LEARNING_RATE
     if lr_schedule != "auto":
         schedule, why = lr_schedule, "requested"
@@ -1189,7 +1194,7 @@ def _resolve_optimizer_and_schedule(learning_rate, lr_schedule, model: ModelFact
     else:
         schedule = "constant"
         why = "constant: the run's length is unknown (e.g. an infinite dataset without steps_per_epoch)"
-    return "AdamW", "kerasfast default: AdamW (decoupled weight decay)", peak, schedule, why
+    return "AdamW", "kerasfast default: AdamW (decoupled weight decay)" + FUSED_UPDATE_NOTE, peak, schedule, why
 
 
 def _resolve_warmup(warmup_steps, schedule: str, total_steps: int | None) -> tuple[int | None, str]:

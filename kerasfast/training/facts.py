@@ -103,6 +103,7 @@ def model_facts(model, train_data, optimizer) -> ModelFacts:
         if flops else 0,
         user_optimizer=type(optimizers.unwrap(template)).__name__ if template is not None else None,
         user_learning_rate=optimizers.constant_learning_rate(template) if template is not None else None,
+        fused_update=template is None or optimizers.fuses_update(template),  # None: kerasfast's AdamW
         custom_train_step=own_step,
         compile_jit_compile=settings.get("jit_compile", "auto"),
         compile_steps_per_execution=spe if is_int(spe) else 1,

@@ -121,7 +121,8 @@ def optimizer_settings(optimizer, *, learning_rate=None, clipnorm=None):
 def borrowed(model, plan):
     """Everything kerasfast changes on `model` for one run under `plan`,
     undone when the block ends: installed functions, steps per execution,
-    the creation strategy, the learning rate and clipping.
+    the creation strategy, the learning rate and clipping, Adam's fused
+    update (`optimizers.fused_update`).
 
     The plan's precision belongs to the steps, not the block: tuning
     measures several precisions in one run, and a function it compiled is
@@ -135,6 +136,7 @@ def borrowed(model, plan):
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(model_attributes_restored(model))
+        stack.enter_context(optimizers.fused_update(model.optimizer))
         planned_rate = None
         if plan is None:  # a search's measurement: the optimizer as it is
             yield stack.enter_context(optimizer_settings(model.optimizer))
