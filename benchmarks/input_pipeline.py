@@ -6,11 +6,18 @@ passes:
 
 * ceiling:   a plain Python read of the same files (page cache), bytes/s;
 * naive:     TFRecordDataset(files) -> map(parse_single_example) -> batch;
+* reader alone (uncompressed images): TFRecordDataset(files) -> batch, no
+             parsing: what TensorFlow's record reader costs by itself, the
+             floor of any pipeline built on it;
+* Model Garden style (uncompressed images): TensorFlow's own best practice
+             as the TF Model Garden's input reader writes it: parallel
+             interleave of the files, shuffle, parallel per-record parse, batch,
+             prefetch;
 * kerasfast: kerasfast.data.tfrecord_dataset (shuffled, interleaved, batch
              before parse, parallel decode, prefetch).
 
 Each pipeline is timed for `--passes` full passes after one untimed pass, the
-naive and the kerasfast passes alternating; the best pass of each counts (on a
+pipelines' passes alternating; the best pass of each counts (on a
 shared machine the best is the least disturbed).
 Prints records/s, MB/s of files read, the ratio to the naive pipeline, and
 the CPU time per record (all threads), which does not depend on how busy the
@@ -74,6 +81,31 @@ def naive_text_dataset(files, batch_size):
     return tf.data.TFRecordDataset(files).map(lambda r: tf.io.parse_single_example(r, spec)).batch(batch_size)
 
 
+def reader_alone(files, batch_size):
+    import tensorflow as tf
+
+    return tf.data.TFRecordDataset(files).batch(batch_size)
+
+
+def model_garden_image_dataset(files, batch_size):
+    """TF Model Garden's `InputReader` recipe: interleave files in parallel, shuffle, parse each record in a
+    parallel map, batch, prefetch."""
+    import tensorflow as tf
+
+    spec = {"x": tf.io.FixedLenFeature([], tf.string), "y": tf.io.FixedLenFeature([], tf.int64)}
+
+    def decode(record):
+        ex = tf.io.parse_single_example(record, spec)
+        return tf.reshape(tf.io.decode_raw(ex["x"], tf.uint8), (32, 32, 3)), ex["y"]
+
+    tune = tf.data.AUTOTUNE
+    ds = tf.data.Dataset.from_tensor_slices(files).shuffle(len(files))
+    ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 4), num_parallel_calls=tune,
+                       deterministic=False)
+    ds = ds.shuffle(10_000).map(decode, num_parallel_calls=tune, deterministic=False)
+    return ds.batch(batch_size).prefetch(tune)
+
+
 def plain_read(files) -> tuple:
     """(seconds, bytes) of reading the files in Python: the ceiling of any reader."""
     started, total = time.perf_counter(), 0
@@ -84,12 +116,12 @@ def plain_read(files) -> tuple:
     return time.perf_counter() - started, total
 
 
-def race(make_naive, make_fast, passes: int) -> tuple:
-    """Best pass of each pipeline, with their passes alternating.
+def race(makers: dict, passes: int) -> dict:
+    """Best pass of each pipeline (name -> maker), with their passes alternating.
 
-    On a shared machine the load drifts; alternating naive and kerasfast passes
-    exposes both to the same conditions, so the ratio is fair even when the
-    absolute numbers move.
+    On a shared machine the load drifts; alternating the pipelines' passes
+    exposes all of them to the same conditions, so the ratios are fair even
+    when the absolute numbers move.
     """
     from kerasfast.data import benchmark
 
@@ -100,20 +132,20 @@ def race(make_naive, make_fast, passes: int) -> tuple:
         result.cpu_us_per_record = (time.process_time() - cpu) / result.records * 1e6
         return result
 
-    naive_ds, fast_ds = make_naive(), make_fast()
-    benchmark(naive_ds, steps=None, warmup=0)  # untimed: page cache, thread pools, autotuning
-    benchmark(fast_ds, steps=None, warmup=0)
-    naive, fast = [], []
+    datasets = {name: make() for name, make in makers.items()}
+    for ds in datasets.values():
+        benchmark(ds, steps=None, warmup=0)  # untimed: page cache, thread pools, autotuning
+    results = {name: [] for name in datasets}
     for _ in range(passes):
-        naive.append(timed(naive_ds))
-        fast.append(timed(fast_ds))
+        for name, ds in datasets.items():
+            results[name].append(timed(ds))
 
-    def best(results):
-        top = max(results, key=lambda r: r.records_per_second)
-        top.cpu_us_per_record = min(r.cpu_us_per_record for r in results)
+    def best(runs):
+        top = max(runs, key=lambda r: r.records_per_second)
+        top.cpu_us_per_record = min(r.cpu_us_per_record for r in runs)
         return top
 
-    return best(naive), best(fast)
+    return {name: best(runs) for name, runs in results.items()}
 
 
 def main(argv=None) -> list:
@@ -157,14 +189,25 @@ def main(argv=None) -> list:
                 rows.append({"pipeline": f"ceiling: plain Python read ({label})", "records_per_s":
                              res.num_records / seconds, "file_mb_per_s": nbytes / seconds / 1e6, "vs_naive": None,
                              "cpu_us_per_record": None, "cpu_vs_naive": None})
-            naive, fast = race(lambda res=res, comp=comp: naive_image_dataset(res.files, comp, args.batch_size),
-                               lambda res=res: kd.tfrecord_dataset(res.out_dir, batch_size=args.batch_size), args.passes)
-            add(f"naive images ({label})", naive, res.num_bytes, res.num_records, None)
-            add(f"kerasfast images ({label})", fast, res.num_bytes, res.num_records, naive)
-        naive, fast = race(lambda: naive_text_dataset(text.files, args.batch_size),
-                           lambda: kd.tfrecord_dataset(text.out_dir, batch_size=args.batch_size), args.passes)
-        add("naive text corpus", naive, text.num_bytes, text.num_records, None)
-        add("kerasfast text corpus", fast, text.num_bytes, text.num_records, naive)
+            makers = {f"naive images ({label})": lambda res=res, comp=comp: naive_image_dataset(
+                res.files, comp, args.batch_size)}
+            if comp is None:
+                makers["TensorFlow's reader alone, no parsing"] = lambda res=res: reader_alone(res.files,
+                                                                                               args.batch_size)
+                makers["Model Garden style (per-record parse)"] = lambda res=res: model_garden_image_dataset(
+                    res.files, args.batch_size)
+            makers[f"kerasfast images ({label})"] = lambda res=res: kd.tfrecord_dataset(res.out_dir,
+                                                                                        batch_size=args.batch_size)
+            best = race(makers, args.passes)
+            naive = best[f"naive images ({label})"]
+            for name, result in best.items():
+                add(name, result, res.num_bytes, res.num_records, None if result is naive else naive)
+        best = race({"naive text corpus": lambda: naive_text_dataset(text.files, args.batch_size),
+                     "kerasfast text corpus": lambda: kd.tfrecord_dataset(text.out_dir, batch_size=args.batch_size)},
+                    args.passes)
+        add("naive text corpus", best["naive text corpus"], text.num_bytes, text.num_records, None)
+        add("kerasfast text corpus", best["kerasfast text corpus"], text.num_bytes, text.num_records,
+            best["naive text corpus"])
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -180,6 +223,13 @@ def main(argv=None) -> list:
         cpu_ratio = "" if r["cpu_vs_naive"] is None else f"{r['cpu_vs_naive']:.1f}x"
         print(f"| {r['pipeline']:42s} | {r['records_per_s']:10,.0f} | {r['file_mb_per_s']:9,.1f} | {ratio:>8s} "
               f"| {cpu:>13s} | {cpu_ratio:>12s} |")
+    by_name = {r["pipeline"]: r["records_per_s"] for r in rows}
+    ceiling = by_name.get("ceiling: plain Python read (uncompressed)")
+    if ceiling:
+        print("\nOf the plain-bytes read (uncompressed images): " + ", ".join(
+            f"{name} {by_name[name] / ceiling:.1%}" for name in (
+                "TensorFlow's reader alone, no parsing", "Model Garden style (per-record parse)",
+                "kerasfast images (uncompressed)") if name in by_name))
     print("\nvs naive: records/s ratio (wall time; depends on free cores). CPU vs naive: CPU time per record "
           "of the naive pipeline / this one (all threads; what a record costs whatever the load).")
     return rows

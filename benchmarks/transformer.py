@@ -16,7 +16,9 @@ start-up, model building, tracing/compilation and training.
 
 Rates are steady state: the tokens of epochs 2.. over their time (epoch 1
 holds tracing, compilation and kerasfast's tuning; it is reported as
-"first epoch"). Rounds alternate the configurations; the best round of
+"first epoch"). Each round also prints the first train step's time, wall
+and CPU of all threads (tracing and compilation, less exposed to a busy
+machine than wall time). Rounds alternate the configurations; the best round of
 each is kept. `--profile` adds a TensorFlow profiler trace of a few of
 kerasfast's steady steps, summarised as the op types that took the most
 time, and the MFU (FLOPs per step counted by TensorFlow's profiler over the
@@ -58,6 +60,15 @@ def _epoch_clock():
             super().__init__()
             self.started = time.perf_counter()
             self.ends = []
+            self.first_step = None  # (wall s, CPU s of all threads) of the first train step
+
+        def on_train_begin(self, logs=None):
+            self.step_started = (time.perf_counter(), time.process_time())
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.first_step is None:
+                wall, cpu = self.step_started
+                self.first_step = (time.perf_counter() - wall, time.process_time() - cpu)
 
         def on_epoch_end(self, epoch, logs=None):
             self.ends.append(time.perf_counter())
@@ -89,7 +100,7 @@ def run_keras(work, epochs, profile):
     clock = _epoch_clock()
     model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0, callbacks=[clock])
     return {"epoch_ends": [end - clock.started for end in clock.ends], "plan": "float32, Keras defaults",
-            "dtype": "float32"}
+            "dtype": "float32", "first_step": clock.first_step}
 
 
 def run_kerasfast(work, epochs, profile, fit_options=None):
@@ -108,6 +119,7 @@ def run_kerasfast(work, epochs, profile, fit_options=None):
                            shuffle=False, run_dir=False, verbose=0, callbacks=callbacks, **(fit_options or {}))
     plan = result.plan
     report = {"epoch_ends": [end - clock.started for end in clock.ends], "dtype": compute_dtype(plan.precision),
+              "first_step": clock.first_step,
               "plan": f"{'plan as forced' if fit_options else 'auto plan'}: {plan.precision}, "
                       f"jit_compile={plan.jit_compile}, steps_per_execution={plan.steps_per_execution}"}
     if profile:
@@ -229,7 +241,8 @@ def run_torch(work, epochs, profile, compiled: bool):
     model = _torch_gpt(dict(np.load(work / "weights.npz")))
     optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
     step_model = torch.compile(model) if compiled else model
-    started, ends = time.perf_counter(), []
+    started, ends, first_step = time.perf_counter(), [], None
+    cpu_started = time.process_time()
     for _ in range(epochs):
         for start in range(0, len(x) - BATCH + 1, BATCH):
             with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -239,8 +252,10 @@ def run_torch(work, epochs, profile, compiled: bool):
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
+            if first_step is None:
+                first_step = (time.perf_counter() - started, time.process_time() - cpu_started)
         ends.append(time.perf_counter() - started)
-    return {"epoch_ends": ends, "dtype": "bfloat16",
+    return {"epoch_ends": ends, "dtype": "bfloat16", "first_step": first_step,
             "plan": f"PyTorch {torch.__version__}, bf16 autocast" + (", torch.compile" if compiled else ", eager")}
 
 
@@ -336,8 +351,10 @@ def main(argv=None):
         for round_ in range(args.rounds):
             for config in configs:
                 report = measure(config, work, args.epochs, args.profile and round_ == 0, args.steps, args.fit_options)
+                wall, cpu = report["first_step"]
                 print(f"round {round_ + 1} {config}: {report['steady']:,.0f} tokens/s, whole {report['whole_s']:.1f} s, "
-                      f"first epoch {report['first_epoch_s']:.1f} s", flush=True)
+                      f"first epoch {report['first_epoch_s']:.1f} s, first step {wall:.2f} s ({cpu:.2f} s CPU)",
+                      flush=True)
                 kept = best.get(config)
                 if kept is None or report["steady"] > kept["steady"]:
                     best[config] = {**report, **({"top_ops": kept["top_ops"]} if kept and "top_ops" in kept else {})}
