@@ -315,6 +315,38 @@ def drop_key(path, index, key="x"):
             w.write(r)
 
 
+def retype_key(path, index, key="y"):
+    """Rewrites the file with record `index`'s int64 `key` stored as a float instead."""
+    records = [r.numpy() for r in tf.data.TFRecordDataset(path)]
+    example = tf.train.Example.FromString(records[index])
+    value = float(example.features.feature[key].int64_list.value[0])
+    example.features.feature[key].CopyFrom(tf.train.Feature(float_list=tf.train.FloatList(value=[value])))
+    records[index] = example.SerializeToString()
+    with tf.io.TFRecordWriter(path) as w:
+        for r in records:
+            w.write(r)
+
+
+@pytest.mark.parametrize("change", [drop_key, retype_key], ids=["missing key", "mistyped key"])
+@pytest.mark.parametrize("shuffle", [False, True], ids=["in order", "shuffled"])
+def test_a_record_that_does_not_fit_the_schema_after_the_check_is_named_in_a_users_loop_and_in_model_fit(
+        dataset, change, shuffle):
+    ds = kd.tfrecord_dataset(dataset, batch_size=4, shuffle=shuffle)  # the quick check passes: the files are whole
+    change(shard(dataset, 1), 4)
+    # TensorFlow's own parse error, with the record's file and index as its name.
+    named = re.escape(f"Name: {shard(dataset, 1)}, record 4, ")
+    feature = "Feature: x (data type: string) is required" if change is drop_key else "Key: y, Index: "
+    with pytest.raises(tf.errors.InvalidArgumentError, match=named) as caught:
+        labels(ds)
+    assert feature in str(caught.value)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    with pytest.raises(tf.errors.InvalidArgumentError, match=named):
+        model.fit(ds.map(lambda x, y: (x, tf.cast(y, "float32"))), verbose=0)
+    explained = str(kd.damage_error(ds, caught.value))
+    assert "data-00001-of-00002.tfrecord, record 4" in explained and "on_error='skip'" in explained
+
+
 def test_check_counts_readable_records_against_what_the_schema_promises(dataset):
     corrupt_data(shard(dataset, 0), 2)
     path = shard(dataset, 1)

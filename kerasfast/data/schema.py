@@ -269,7 +269,8 @@ class Schema:
         return spec
 
     def make_batch_decoder(self, image_size: Sequence[int] | None = None):
-        """Returns a function: batch of serialized Examples -> dict of decoded tensors.
+        """Returns a function: batch of serialized Examples (and, optionally,
+        their names for TensorFlow's error messages) -> dict of decoded tensors.
 
         Parsing a whole batch with one `tf.io.parse_example` call is what makes
         the reader fast; per-record work is limited to image decoding.
@@ -279,8 +280,8 @@ class Schema:
         spec = self.parse_spec()
         decoders = {f.name: _feature_decoder(f, image_size) for f in self.features}
 
-        def decode(serialized):
-            parsed = tf.io.parse_example(serialized, spec)
+        def decode(serialized, names=None):
+            parsed = tf.io.parse_example(serialized, spec, example_names=names)
             return {name: decoders[name](parsed[name]) for name in self.feature_names}
 
         return decode
@@ -392,7 +393,7 @@ class _ExternalSchema(Schema):
         import tensorflow as tf
 
         spec = self.parse_spec()
-        return lambda serialized: tf.io.parse_example(serialized, spec)
+        return lambda serialized, names=None: tf.io.parse_example(serialized, spec, example_names=names)
 
     def output_signature(self, image_size=None) -> dict:
         import tensorflow as tf

@@ -450,8 +450,8 @@ def _decode_problem(decoder, schema, path, index, offset, payload):
                          f"schema.json: re-write the file, or pass features= that describe it.")
 
 
-def good_records(report: FileReport) -> Iterable[bytes]:
-    """Yields the payload of every good record of a damaged file, in order."""
+def good_records(report: FileReport) -> Iterable[tuple[int, bytes]]:
+    """Yields `(record index, payload)` of every good record of a damaged file, in order."""
     bad = report.bad_indices
     for frame in iter_frames(report.file, report.compression):
         if frame.problem is not None:
@@ -459,4 +459,4 @@ def good_records(report: FileReport) -> Iterable[bytes]:
                 return
             continue
         if frame.index not in bad:
-            yield frame.payload
+            yield frame.index, frame.payload
