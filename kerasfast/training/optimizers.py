@@ -132,8 +132,8 @@ def fused_update(optimizer):
     Keras's Adam builds about fifteen graph ops per weight (moments, bias
     correction, the step), which every trace of a train step creates and
     every step without XLA runs one by one; TensorFlow's kernel does the same
-    arithmetic in one op. Tracing the GPT recipe's train step (54 weights)
-    takes about 1.5 s less (`benchmarks/transformer.py`). The results agree
+    arithmetic in one op. The GPT recipe's first train step (54 weights)
+    takes about 1.4 s less CPU (docs/benchmarks.md, "Start-up"). The results agree
     with Keras's update to float32 rounding (the kernel forms `1 - beta_1` in
     float32). Weight decay, clipping, loss scaling and the iteration count
     stay Keras's, around the update. Optimizers other than Keras's own Adam
@@ -147,7 +147,7 @@ def fused_update(optimizer):
     """
     inner = unwrap(optimizer) if optimizer is not None else None
     if inner is None or not fuses_update(inner) or "update_step" in vars(inner):
-        yield  # not an Adam of Keras's, or fused already by an outer block
+        yield  # not an Adam of Keras's, or its update_step already replaced (an outer block, or the user)
         return
     inner.update_step = _fused_adam_step(inner)
     try:
