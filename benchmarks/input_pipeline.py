@@ -62,16 +62,20 @@ def make_corpus(folder: str, lines: int, seed: int = 0) -> str:
     return folder
 
 
-def naive_image_dataset(files, compression, batch_size):
+def parse_image_record(record):
+    """One serialized image record -> (32x32x3 uint8 image, label), parsed on its own."""
     import tensorflow as tf
 
     spec = {"x": tf.io.FixedLenFeature([], tf.string), "y": tf.io.FixedLenFeature([], tf.int64)}
+    ex = tf.io.parse_single_example(record, spec)
+    return tf.reshape(tf.io.decode_raw(ex["x"], tf.uint8), (32, 32, 3)), ex["y"]
 
-    def parse(record):
-        ex = tf.io.parse_single_example(record, spec)
-        return tf.reshape(tf.io.decode_raw(ex["x"], tf.uint8), (32, 32, 3)), ex["y"]
 
-    return tf.data.TFRecordDataset(files, compression_type=compression or "").map(parse).batch(batch_size)
+def naive_image_dataset(files, compression, batch_size):
+    import tensorflow as tf
+
+    records = tf.data.TFRecordDataset(files, compression_type=compression or "")
+    return records.map(parse_image_record).batch(batch_size)
 
 
 def naive_text_dataset(files, batch_size):
@@ -92,17 +96,11 @@ def model_garden_image_dataset(files, batch_size):
     parallel map, batch, prefetch."""
     import tensorflow as tf
 
-    spec = {"x": tf.io.FixedLenFeature([], tf.string), "y": tf.io.FixedLenFeature([], tf.int64)}
-
-    def decode(record):
-        ex = tf.io.parse_single_example(record, spec)
-        return tf.reshape(tf.io.decode_raw(ex["x"], tf.uint8), (32, 32, 3)), ex["y"]
-
     tune = tf.data.AUTOTUNE
     ds = tf.data.Dataset.from_tensor_slices(files).shuffle(len(files))
     ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 4), num_parallel_calls=tune,
                        deterministic=False)
-    ds = ds.shuffle(10_000).map(decode, num_parallel_calls=tune, deterministic=False)
+    ds = ds.shuffle(10_000).map(parse_image_record, num_parallel_calls=tune, deterministic=False)
     return ds.batch(batch_size).prefetch(tune)
 
 

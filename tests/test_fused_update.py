@@ -2,6 +2,7 @@
 values as Keras's own `update_step`, from far fewer graph ops, on one device
 and under MirroredStrategy; other optimizers are left alone."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -45,21 +46,13 @@ def _train(optimizer, fused: bool, steps: int = 6):
             value = loss(y, model(x, training=True))
         optimizer.apply(tape.gradient(value, model.trainable_variables), model.trainable_variables)
 
-    with fused_update(optimizer) if fused else _nothing():
+    with fused_update(optimizer) if fused else contextlib.nullcontext():
         traced = tf.function(step)
         graph = traced.get_concrete_function(tf.constant(x[:16]), tf.constant(y[:16])).graph
         for i in range(steps):
             traced(tf.constant(x[i * 8:(i + 1) * 8 + 8]), tf.constant(y[i * 8:(i + 1) * 8 + 8]))
     op_types = [op.type for op in graph.get_operations()]
     return [w.numpy() for w in model.weights], [v.numpy() for v in optimizer.variables], op_types
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 # name -> (optimizer, weights updated by the fused op): the embedding's sparse gradient keeps Keras's

@@ -145,10 +145,10 @@ def fused_update(optimizer):
     >>> with fused_update(model.optimizer):  # doctest: +SKIP
     ...     model.train_function = tf.function(train_step)
     """
-    inner = unwrap(optimizer) if optimizer is not None else None
-    if inner is None or not fuses_update(inner) or "update_step" in vars(inner):
+    if optimizer is None or not fuses_update(optimizer) or "update_step" in vars(unwrap(optimizer)):
         yield  # not an Adam of Keras's, or its update_step already replaced (an outer block, or the user)
         return
+    inner = unwrap(optimizer)
     inner.update_step = _fused_adam_step(inner)
     try:
         yield
