@@ -119,6 +119,53 @@ def set_learning_rate_store(optimizer, store) -> None:
     optimizer._learning_rate = store
 
 
+def replace_learning_rate(optimizer, rate) -> None:
+    """Gives the optimizer `rate` (a constant or a schedule) for good, as if
+    it had been made with it: a variable that held its constant rate is no
+    longer among its variables once a schedule replaces it. Keras's own
+    setter keeps it, and a model saved then cannot load its optimizer's
+    state: the optimizer rebuilt from the config has one variable fewer."""
+    old = optimizer._learning_rate
+    if isinstance(old, keras.Variable) and not isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+        old.assign(rate)
+        return
+    optimizer._learning_rate = rate
+    if isinstance(old, keras.Variable):
+        optimizer._tracker.untrack(old)
+
+
+_OPTIMIZER_SETTINGS = ("_learning_rate", "clipnorm", "clipvalue", "global_clipnorm")
+
+
+@contextlib.contextmanager
+def configured_as_now(optimizer):
+    """Inside the block `optimizer.get_config()`, and so a model saved then
+    (a checkpoint callback's), gives the learning rate and clipping the
+    optimizer has when the block starts, whatever it trains with later (a
+    variable holding a constant rate is saved with the value it holds then).
+    The outermost block's settings hold."""
+    if "get_config" in vars(optimizer):
+        yield
+        return
+    settings = {name: getattr(optimizer, name) for name in _OPTIMIZER_SETTINGS}
+
+    def get_config():
+        training_with = {name: getattr(optimizer, name) for name in _OPTIMIZER_SETTINGS}
+        try:
+            for name, value in settings.items():
+                setattr(optimizer, name, value)
+            return type(optimizer).get_config(optimizer)
+        finally:
+            for name, value in training_with.items():
+                setattr(optimizer, name, value)
+
+    optimizer.get_config = get_config
+    try:
+        yield
+    finally:
+        del optimizer.get_config
+
+
 def weight_variable(layer, name: str):
     """The variable Keras keeps behind `layer.kernel` / `layer.embeddings`
     (`layer._kernel`), or None: the public property may return a computed

@@ -735,3 +735,50 @@ def test_terminate_on_nan_stops_at_the_batch_keras_stops_at(tmp_path):
     for left, right in zip(keras_model.get_weights(), ours.get_weights(), strict=True):
         np.testing.assert_allclose(left, right, atol=PARITY_ATOL)  # the same values, NaN where Keras has NaN
     assert "TerminateOnNaN" in plan.reasons["steps_per_execution"]
+
+
+@pytest.mark.parametrize("compiled_with, fit_options", [
+    ("schedule", {}),
+    ("schedule", {"learning_rate": 0.05, "clipnorm": 1.0}),
+    ("constant", {"learning_rate": 0.05, "clipnorm": 1.0}),
+    (None, {}),
+], ids=["own_schedule", "schedule_replaced_for_the_run", "constant_replaced_for_the_run", "kerasfasts_optimizer"])
+def test_a_checkpoint_saved_mid_run_loads_with_its_optimizer_state_and_the_users_settings(tmp_path, compiled_with,
+                                                                                          fit_options):
+    """A `.keras` checkpoint written during a run holds the optimizer the
+    user made (rate, clipping), not the run's stand-ins, with the variables
+    Keras rebuilds from that config: plain Keras loads it with every moment
+    (one variable too many made Keras skip loading them all)."""
+    import json
+    import zipfile
+
+    x, y = _data()
+    model = _model()
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.02, decay_steps=5, decay_rate=0.9)
+    if compiled_with is None:
+        model = keras.models.clone_model(model)  # never compiled: kerasfast's own AdamW and schedule
+        fit_options = {**fit_options, "loss": "sparse_categorical_crossentropy"}
+    else:
+        model.compile(keras.optimizers.Adam(schedule if compiled_with == "schedule" else 0.02),
+                      "sparse_categorical_crossentropy")
+    users_config = model.optimizer.get_config() if model.optimizer else None
+    saved = tmp_path / "checkpoint.keras"
+    kerasfast.fit(model, x, y, epochs=2, batch_size=32, callbacks=[keras.callbacks.ModelCheckpoint(str(saved))],
+                  run_dir=False, verbose=0, tune="off", **fit_options)
+
+    with zipfile.ZipFile(saved) as archive:
+        optimizer_config = json.loads(archive.read("config.json"))["compile_config"]["optimizer"]["config"]
+    if users_config is not None:
+        expected = json.loads(json.dumps(keras.saving.serialize_keras_object(users_config)))
+        if compiled_with == "constant":  # the variable holding it is saved as the run uses it
+            expected["learning_rate"] = pytest.approx(fit_options["learning_rate"])
+        assert optimizer_config == expected
+        assert "kerasfast" not in json.dumps(optimizer_config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # Keras warns, and loads no optimizer state, on a count mismatch
+        loaded = keras.models.load_model(saved)
+    assert len(loaded.optimizer.variables) == len(model.optimizer.variables)
+    assert int(loaded.optimizer.iterations) == int(model.optimizer.iterations) == 14
+    for mine, theirs in zip(model.optimizer.variables, loaded.optimizer.variables, strict=True):
+        if not mine.path.endswith("learning_rate"):  # the user's constant is the model's again after the run
+            np.testing.assert_allclose(keras.ops.convert_to_numpy(theirs), keras.ops.convert_to_numpy(mine))

@@ -144,3 +144,59 @@ def test_thread_pools_kept_at_tensorflows_default_say_what_0_means():
     values, reasons = resolve_threads("auto", "auto", CPU, RunFacts(tf_runtime_started=True,
                                                                     current_intra_op_threads=2))
     assert values["intra_op_threads"] == 2 and reasons["intra_op_threads"].startswith("kept:")
+
+
+class BranchingStep(keras.Model):
+    """A model whose own `train_step` branches in Python on a tensor, which
+    only runs in a graph once autograph converts it."""
+
+    def train_step(self, data):
+        import tensorflow as tf
+
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = self.compute_loss(x, y, self(x, training=True))
+        if tf.math.is_finite(loss):
+            self.optimizer.apply(tape.gradient(loss, self.trainable_variables), self.trainable_variables)
+        return {"loss": loss}
+
+
+def _converted_by_autograph(monkeypatch) -> list[str]:
+    """The functions autograph converts from here on, as `module.qualname`."""
+    from tensorflow.python.autograph.impl import api
+
+    converted, convert = [], api._convert_actual
+
+    def recording(entity, program_ctx):
+        converted.append(f"{entity.__module__}.{entity.__qualname__}")
+        return convert(entity, program_ctx)
+
+    monkeypatch.setattr(api, "_convert_actual", recording)
+    return converted
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_kerasfasts_own_steps_are_traced_as_written_and_a_models_own_step_is_converted(monkeypatch, jit_compile):
+    """kerasfast's step functions have no Python control flow on tensors:
+    converting them with autograph (as Keras's own steps are not) cost about
+    2 s of a transformer's first step. A model's own `train_step` is still
+    converted, so Python branches on tensors there keep working."""
+    converted = _converted_by_autograph(monkeypatch)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 8)).astype("float32")
+    y = (x[:, :1] > 0).astype("float32")
+
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.05), "mse")
+    kerasfast.fit(model, x, y, batch_size=32, epochs=1, validation_data=(x[:40], y[:40]), jit_compile=jit_compile,
+                  run_dir=False, verbose=0, tune="off")
+    assert not [name for name in converted if name.startswith("kerasfast.training.step_functions.StepFunctions._")]
+
+    inputs = keras.Input((8,))
+    own = BranchingStep(inputs, keras.layers.Dense(1)(inputs))
+    own.compile(keras.optimizers.SGD(0.05), "mse")
+    before = own.get_weights()[0].copy()
+    result = kerasfast.fit(own, x, y, batch_size=32, epochs=1, jit_compile=jit_compile, run_dir=False, verbose=0,
+                           tune="off")
+    assert any(name.endswith("BranchingStep.train_step") for name in converted)
+    assert np.isfinite(result.history["loss"][-1]) and not np.allclose(own.get_weights()[0], before)

@@ -64,11 +64,7 @@ def default_optimizer():
 
 def take_plans_rate(optimizer, plan: Plan) -> None:
     """Gives kerasfast's own optimizer (`default_optimizer`) the plan's learning rate or schedule, for good."""
-    rate, inner = learning_rate_schedule(plan), unwrap(optimizer)
-    if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
-        _compat.set_learning_rate_store(inner, rate)
-    else:
-        inner.learning_rate = rate
+    _compat.replace_learning_rate(unwrap(optimizer), learning_rate_schedule(plan))
 
 
 def copy_of(optimizer):

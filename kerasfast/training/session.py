@@ -94,27 +94,30 @@ def optimizer_settings(optimizer, *, learning_rate=None, clipnorm=None):
     saved_clip = (inner.clipnorm, inner.clipvalue, inner.global_clipnorm)
     saved_value = None
     control = LearningRateControl(inner)
-    try:
-        if learning_rate is not None:
-            if isinstance(learning_rate, (int, float)) and hasattr(saved_rate, "assign"):
-                saved_value = saved_rate.numpy()
-                saved_rate.assign(learning_rate)
-            else:
-                _compat.set_learning_rate_store(inner, learning_rate)
-        if isinstance(_compat.learning_rate_store(inner), keras.optimizers.schedules.LearningRateSchedule):
-            _compat.set_learning_rate_store(inner, ScaledSchedule(_compat.learning_rate_store(inner)))
-        if clipnorm is not None:
-            inner.clipnorm, inner.clipvalue, inner.global_clipnorm = None, None, clipnorm
-        yield control
-    finally:
-        if saved_value is not None:
-            saved_rate.assign(saved_value)
-        elif control.factor != 1.0 and _compat.learning_rate_store(inner) is saved_rate:
-            # The optimizer's own rate stays as training left it (a callback
-            # may have lowered it, as in Keras) minus the recoveries' halving.
-            saved_rate.assign(saved_rate / control.factor)
-        _compat.set_learning_rate_store(inner, saved_rate)
-        inner.clipnorm, inner.clipvalue, inner.global_clipnorm = saved_clip
+    # A model saved inside the block (a checkpoint callback's) holds the
+    # optimizer as the user made it: the run's rate and clipping are the run's.
+    with _compat.configured_as_now(inner):
+        try:
+            if learning_rate is not None:
+                if isinstance(learning_rate, (int, float)) and hasattr(saved_rate, "assign"):
+                    saved_value = saved_rate.numpy()
+                    saved_rate.assign(learning_rate)
+                else:
+                    _compat.set_learning_rate_store(inner, learning_rate)
+            if isinstance(_compat.learning_rate_store(inner), keras.optimizers.schedules.LearningRateSchedule):
+                _compat.set_learning_rate_store(inner, ScaledSchedule(_compat.learning_rate_store(inner)))
+            if clipnorm is not None:
+                inner.clipnorm, inner.clipvalue, inner.global_clipnorm = None, None, clipnorm
+            yield control
+        finally:
+            if saved_value is not None:
+                saved_rate.assign(saved_value)
+            elif control.factor != 1.0 and _compat.learning_rate_store(inner) is saved_rate:
+                # The optimizer's own rate stays as training left it (a callback
+                # may have lowered it, as in Keras) minus the recoveries' halving.
+                saved_rate.assign(saved_rate / control.factor)
+            _compat.set_learning_rate_store(inner, saved_rate)
+            inner.clipnorm, inner.clipvalue, inner.global_clipnorm = saved_clip
 
 
 @contextlib.contextmanager

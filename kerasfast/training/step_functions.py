@@ -197,7 +197,7 @@ class StepFunctions:
 
         compute = self.model.train_step if self.own_train_step else self._forward_backward
         if self.jit_compile:
-            compute = tf.function(compute, jit_compile=True, reduce_retracing=True)
+            compute = tf.function(compute, jit_compile=True, reduce_retracing=True, autograph=self.own_train_step)
         return compute
 
     def _make_replica_train_step(self, compute):
@@ -337,15 +337,21 @@ class StepFunctions:
                                           parallel_iterations=1)
             return metrics_after(done) if self._logs_from_metrics else logs
 
-        return self._compiled(run)
+        return self._compiled(run, autograph=self.own_train_step)
 
-    def _compiled(self, function):
+    def _compiled(self, function, *, autograph: bool):
         """A `tf.function` of `function`, traced, and optimised for
         "onednn_bfloat16", in the plan's precision: callbacks' own functions
-        (a `model.predict` during the run) stay in the user's."""
+        (a `model.predict` during the run) stay in the user's.
+
+        `autograph` only where a model's own `train_step` / `test_step` runs:
+        kerasfast's steps are written as graphs (`tf.while_loop`, `tf.cond`),
+        and Keras does not convert its own steps either; converting them cost
+        about 2 s of a small transformer's first step."""
         import tensorflow as tf
 
-        compiled = tf.function(computing_while(function, self.model, *self._precision), reduce_retracing=True)
+        compiled = tf.function(computing_while(function, self.model, *self._precision), reduce_retracing=True,
+                               autograph=autograph)
         precision = self._precision[0]
         if precision != ONEDNN_BFLOAT16:
             return compiled
@@ -448,16 +454,23 @@ class StepFunctions:
         # update, so a loop around `strategy.run` is safe here. The logs are
         # read from the metrics afterwards, aggregated over replicas.
         def run(iterator):
-            ran = tf.constant(False)
-            for _ in tf.range(steps):
+            def body(taken, more):
                 optional = iterator.get_next_as_optional()
-                if not optional.has_value():
-                    break
-                strategy.run(replica_step, args=(optional.get_value(),))
-                ran = tf.constant(True)
-            return ran, model.get_metrics_result()
 
-        run = self._compiled(run)
+                def take():
+                    with tf.control_dependencies(self._tensors(strategy.run(replica_step,
+                                                                            args=(optional.get_value(),)))):
+                        return taken + 1
+
+                found = optional.has_value()
+                return tf.cond(found, take, lambda: taken), found
+
+            taken, _ = tf.while_loop(lambda taken, more: more & (taken < steps), body,
+                                     (tf.constant(0), tf.constant(True)), parallel_iterations=1)
+            with tf.control_dependencies([taken]):
+                return taken > 0, model.get_metrics_result()
+
+        run = self._compiled(run, autograph=False)
 
         def test(iterator):
             ran, logs = run(iterator)
@@ -479,7 +492,7 @@ class StepFunctions:
         def one_step(data):
             return _reduce_logs(strategy, strategy.run(model.test_step, args=(data,)))
 
-        one_step = self._compiled(one_step)
+        one_step = self._compiled(one_step, autograph=True)
 
         def test(iterator):
             logs = None
