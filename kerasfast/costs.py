@@ -78,7 +78,7 @@ def forward_flops(model, input_shapes, input_dtypes=None) -> ForwardFlops | None
 
     try:
         specs = _input_specs(input_shapes, input_dtypes, batch=1)
-        graph = tf.function(lambda x: model(x, training=False)).get_concrete_function(specs).graph
+        graph = tf.function(lambda x: model(x, training=False), autograph=False).get_concrete_function(specs).graph
         profile = _compat.profile_float_operations(graph)
     except Exception:  # noqa: BLE001 - any tracing failure means "unknown", never a crash
         return None
@@ -131,7 +131,7 @@ def activation_bytes_per_sample(model, input_shapes, input_dtypes=None) -> int |
 
     try:
         specs = _input_specs(input_shapes, input_dtypes, batch=None)
-        graph = tf.function(lambda x: model(x, training=True)).get_concrete_function(specs).graph
+        graph = tf.function(lambda x: model(x, training=True), autograph=False).get_concrete_function(specs).graph
     except Exception:  # noqa: BLE001 - any tracing failure means "unknown"
         return None
     total = 0
@@ -166,7 +166,7 @@ def measure_peak_flops(dtype: str = "float32", size: int = 1024, repeats: int = 
     import tensorflow as tf
 
     matrix = tf.random.normal((size, size), dtype=dtype)
-    matmul = tf.function(lambda a: tf.matmul(a, a))
+    matmul = tf.function(lambda a: tf.matmul(a, a), autograph=False)
     matmul(matrix).numpy()
     start = time.perf_counter()
     for _ in range(repeats):

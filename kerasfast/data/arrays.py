@@ -118,10 +118,12 @@ def array_dataset(
         raise DataError("the arrays have no records.")
     rows = [_rows(a) for a in leaves]
 
+    @tf.autograph.experimental.do_not_convert  # no control flow: tf.data need not convert it
     def gather(idx):
         return tf.nest.pack_sequence_as(data, [take(source, idx) for source, take in rows])
 
     if repeat:
+        @tf.autograph.experimental.do_not_convert
         def one_pass(pass_number):
             order = tf.range(n, dtype=tf.int64)
             if shuffle:
