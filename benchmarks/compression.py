@@ -14,8 +14,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import pathlib
 import platform
+import sys
 import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this tree's kerasfast, not an installed one: a worktree measures its own code
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 

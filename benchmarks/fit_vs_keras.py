@@ -12,14 +12,19 @@ of each is compared (the first, compiling execution is excluded from both).
 from __future__ import annotations
 
 import argparse
+import pathlib
 import platform
+import sys
 
-import keras
-import numpy as np
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this tree's kerasfast, not an installed one: a worktree measures its own code
 
-import kerasfast
-from kerasfast.quickstart import digits_convnet
-from kerasfast.training.throughput import ThroughputMeter, samples_counter
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import kerasfast  # noqa: E402
+from kerasfast.quickstart import digits_convnet  # noqa: E402
+from kerasfast.training.throughput import ThroughputMeter, samples_counter  # noqa: E402
 
 
 def cifar_like_cnn():

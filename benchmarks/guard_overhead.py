@@ -12,12 +12,17 @@ counts.
 from __future__ import annotations
 
 import argparse
+import pathlib
+import sys
 
-import keras
-import numpy as np
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this tree's kerasfast, not an installed one: a worktree measures its own code
 
-import kerasfast
-from kerasfast.quickstart import digits_convnet
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import kerasfast  # noqa: E402
+from kerasfast.quickstart import digits_convnet  # noqa: E402
 
 
 def workloads():

@@ -33,17 +33,19 @@ import sys
 import tempfile
 import time
 
-import keras
-import numpy as np
-import tensorflow as tf
-
-import kerasfast
-from kerasfast import costs, datasets
-from kerasfast.plan import compute_dtype
-from kerasfast.recipes import load_recipe
-from kerasfast.training.throughput import ThroughputMeter, samples_counter
-
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this tree's kerasfast, not an installed one: a worktree measures its own code
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import kerasfast  # noqa: E402
+from kerasfast import costs, datasets  # noqa: E402
+from kerasfast.plan import compute_dtype  # noqa: E402
+from kerasfast.recipes import load_recipe  # noqa: E402
+from kerasfast.training.throughput import ThroughputMeter, samples_counter  # noqa: E402
+
 SPARSE_CE = "sparse_categorical_crossentropy"
 
 

@@ -41,6 +41,7 @@ import time
 
 PROCESS_START = time.perf_counter()
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this tree's kerasfast, not an installed one: a worktree measures its own code
 CONFIGS = ("keras", "kerasfast", "torch_eager", "torch_compile")
 MODEL = dict(seq_len=128, layers=4, d_model=128, heads=4)
 BATCH = 32
@@ -80,7 +81,6 @@ def _keras_model(work):
     import keras
     import numpy as np
 
-    sys.path.insert(0, str(ROOT))
     from kerasfast.recipes import load_recipe
 
     model = load_recipe("gpt").build_gpt(**MODEL)
@@ -277,7 +277,6 @@ def prepare(work, steps):
     import keras
     import numpy as np
 
-    sys.path.insert(0, str(ROOT))
     from kerasfast.recipes import load_recipe
 
     gpt = load_recipe("gpt")
@@ -293,7 +292,6 @@ def prepare(work, steps):
 def flops_and_peaks() -> tuple[int, dict[str, float]]:
     """TensorFlow's profiler count of a training sequence's FLOPs (forward x 3), and the measured peak
     FLOP/s of a 2048x2048 matmul in float32 and bfloat16 (best of 2 x 5)."""
-    sys.path.insert(0, str(ROOT))
     from kerasfast import costs
     from kerasfast.recipes import load_recipe
 

@@ -26,16 +26,21 @@ between two whole calls.
 from __future__ import annotations
 
 import argparse
+import pathlib
+import sys
 import time
 
-import keras
-import numpy as np
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this tree's kerasfast, not an installed one: a worktree measures its own code
 
-import kerasfast
-from kerasfast.plan import candidate_plans
-from kerasfast.quickstart import digits_convnet
-from kerasfast.recipes import load_recipe
-from kerasfast.training.throughput import ThroughputMeter, samples_counter
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import kerasfast  # noqa: E402
+from kerasfast.plan import candidate_plans  # noqa: E402
+from kerasfast.quickstart import digits_convnet  # noqa: E402
+from kerasfast.recipes import load_recipe  # noqa: E402
+from kerasfast.training.throughput import ThroughputMeter, samples_counter  # noqa: E402
 
 SPARSE_CE = keras.losses.SparseCategoricalCrossentropy(from_logits=False)
 LOGITS_CE = keras.losses.SparseCategoricalCrossentropy(from_logits=True)

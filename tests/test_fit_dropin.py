@@ -782,3 +782,16 @@ def test_a_checkpoint_saved_mid_run_loads_with_its_optimizer_state_and_the_users
     for mine, theirs in zip(model.optimizer.variables, loaded.optimizer.variables, strict=True):
         if not mine.path.endswith("learning_rate"):  # the user's constant is the model's again after the run
             np.testing.assert_allclose(keras.ops.convert_to_numpy(theirs), keras.ops.convert_to_numpy(mine))
+
+
+def test_a_model_compiled_without_an_optimizer_trains_with_kerasfasts_own():
+    """`compile(optimizer=None)` reads as no optimizer: kerasfast's AdamW, as
+    for an uncompiled model (Keras's fit fails on `None.apply_gradients`)."""
+    x, y = _data()
+    model = _model()
+    model.compile(optimizer=None, loss="sparse_categorical_crossentropy")
+    before = model.get_weights()[0].copy()
+    result = kerasfast.fit(model, x, y, epochs=1, batch_size=32, run_dir=False, verbose=0, tune="off")
+    assert isinstance(model.optimizer, keras.optimizers.AdamW) and int(model.optimizer.iterations) == 7
+    assert result.plan.optimizer == "AdamW" and result.plan.reasons["optimizer"].startswith("kerasfast default: AdamW")
+    assert not np.allclose(model.get_weights()[0], before)

@@ -81,8 +81,8 @@ def _compile_in_place(model, given: dict, needs_loss: bool) -> bool:
     Returns:
         Whether the model got kerasfast's default optimizer.
     """
-    if model.compiled and not given:
-        return False
+    if model.compiled and not given and (model.optimizer is not None or not needs_loss):
+        return False  # compiled with `optimizer=None`, kerasfast's step gets the default, as an uncompiled model
     own_compile = _compat.overridden_step(model, "compile")
     if own_compile is not None:
         if model.compiled:
