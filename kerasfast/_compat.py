@@ -131,7 +131,21 @@ def replace_learning_rate(optimizer, rate) -> None:
         return
     optimizer._learning_rate = rate
     if isinstance(old, keras.Variable):
-        optimizer._tracker.untrack(old)
+        _drop_variable(optimizer, old)
+
+
+def _drop_variable(optimizer, variable) -> None:
+    """Takes `variable` out of the optimizer's variables, as a new list:
+    TensorFlow refuses to save (checkpoint or export) a tracked list that an
+    item was deleted from."""
+    from keras.src.utils.tracking import DotNotTrackScope
+
+    tracker = optimizer._tracker
+    is_variable, _ = tracker.config["variables"]
+    tracker.stored_ids["variables"].discard(id(variable))
+    with DotNotTrackScope():  # Keras's tracker would wrap the list to track it again
+        optimizer._variables = [kept for kept in optimizer._variables if kept is not variable]
+    tracker.config["variables"] = (is_variable, optimizer._variables)
 
 
 _OPTIMIZER_SETTINGS = ("_learning_rate", "clipnorm", "clipvalue", "global_clipnorm")
