@@ -10,8 +10,10 @@ start-up, model building, tracing/compilation and training.
 - `kerasfast`: `kerasfast.fit` with its auto plan, Adam 1e-3.
 - `torch_eager` / `torch_compile`: the same network written in PyTorch as
   its users write it (nanoGPT style: `F.scaled_dot_product_attention` with
-  `is_causal=True`), bf16 autocast on the CPU, Adam 1e-3; `torch.compile`
-  for the second. Run only when `torch` is installed (the `benchmark`
+  `is_causal=True`), Adam 1e-3; `torch.compile` for the second. bf16
+  autocast where the CPU has bf16 instructions (AVX512-BF16, AMX), float32
+  elsewhere, where PyTorch's bf16 matmul is a slow reference kernel
+  (`--torch-dtype` forces one). Run only when `torch` is installed (the `benchmark`
   extra: `pip install -e ".[benchmark]"`).
 
 Rates are steady state: the tokens of epochs 2.. over their time (epoch 1
@@ -104,10 +106,10 @@ def run_keras(work, epochs, profile):
 
 
 def run_kerasfast(work, epochs, profile, fit_options=None):
+    import kerasfast  # first, as docs/fit.md advises: TensorFlow then loads with oneDNN's CPU kernels
+
     import keras
     import numpy as np
-
-    import kerasfast
     from kerasfast.plan import compute_dtype
 
     x, y = np.load(work / "x.npy"), np.load(work / "y.npy")
@@ -232,7 +234,9 @@ def _torch_gpt(weights):
     return GPT()
 
 
-def run_torch(work, epochs, profile, compiled: bool):
+def run_torch(work, epochs, profile, compiled: bool, dtype: str = "bfloat16"):
+    import contextlib
+
     import numpy as np
     import torch
 
@@ -245,7 +249,7 @@ def run_torch(work, epochs, profile, compiled: bool):
     cpu_started = time.process_time()
     for _ in range(epochs):
         for start in range(0, len(x) - BATCH + 1, BATCH):
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.autocast("cpu", dtype=torch.bfloat16) if dtype == "bfloat16" else contextlib.nullcontext():
                 logits = step_model(x[start:start + BATCH])
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                                      y[start:start + BATCH].reshape(-1))
@@ -255,14 +259,15 @@ def run_torch(work, epochs, profile, compiled: bool):
             if first_step is None:
                 first_step = (time.perf_counter() - started, time.process_time() - cpu_started)
         ends.append(time.perf_counter() - started)
-    return {"epoch_ends": ends, "dtype": "bfloat16", "first_step": first_step,
-            "plan": f"PyTorch {torch.__version__}, bf16 autocast" + (", torch.compile" if compiled else ", eager")}
+    return {"epoch_ends": ends, "dtype": dtype, "first_step": first_step,
+            "plan": f"PyTorch {torch.__version__}, {'bf16 autocast' if dtype == 'bfloat16' else 'float32'}"
+                    + (", torch.compile" if compiled else ", eager")}
 
 
-def worker(config, work, epochs, profile, fit_options):
+def worker(config, work, epochs, profile, fit_options, torch_dtype):
     runs = {"keras": run_keras, "kerasfast": lambda *a: run_kerasfast(*a, fit_options=fit_options),
-            "torch_eager": lambda *a: run_torch(*a, compiled=False),
-            "torch_compile": lambda *a: run_torch(*a, compiled=True)}
+            "torch_eager": lambda *a: run_torch(*a, compiled=False, dtype=torch_dtype),
+            "torch_compile": lambda *a: run_torch(*a, compiled=True, dtype=torch_dtype)}
     report = runs[config](work, epochs, profile)
     report["import_to_exit_s"] = time.perf_counter() - PROCESS_START
     (work / f"{config}.json").write_text(json.dumps(report))
@@ -301,10 +306,20 @@ def flops_and_peaks() -> tuple[int, dict[str, float]]:
     return costs.TRAIN_STEP_FLOPS_PER_FORWARD * forward, peaks
 
 
-def measure(config, work, epochs, profile, steps, fit_options="{}") -> dict:
+def torch_dtype_for_this_cpu() -> str:
+    """bf16 autocast where the CPU multiplies bf16 natively (AVX512-BF16 / AMX), float32 elsewhere: on an
+    AVX2-only CPU PyTorch's bf16 matmul falls back to a reference kernel hundreds of times slower, and
+    no PyTorch user who measured would train in it."""
+    from kerasfast.hardware import detect_hardware
+
+    return "bfloat16" if detect_hardware().cpu_has_bf16 else "float32"
+
+
+def measure(config, work, epochs, profile, steps, fit_options="{}", torch_dtype="bfloat16") -> dict:
     started = time.perf_counter()
     done = subprocess.run([sys.executable, __file__, "--worker", config, "--work", str(work), "--epochs", str(epochs),
-                           "--fit-options", fit_options, *(["--profile"] if profile else [])],
+                           "--fit-options", fit_options, "--torch-dtype", torch_dtype,
+                           *(["--profile"] if profile else [])],
                           capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     whole = time.perf_counter() - started
     if done.returncode:
@@ -326,13 +341,17 @@ def main(argv=None):
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--fit-options", default="{}",
                         help='JSON of kerasfast.fit overrides, e.g. \'{"jit_compile": false}\' (default: the auto plan)')
+    parser.add_argument("--torch-dtype", choices=("auto", "bfloat16", "float32"), default="auto",
+                        help="PyTorch's compute dtype (auto: bf16 autocast where the CPU has bf16 instructions, "
+                             "float32 otherwise)")
     parser.add_argument("--worker", choices=CONFIGS, help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.epochs < 2:
         parser.error("--epochs must be at least 2: the first epoch holds compilation, the rate needs later ones")
     if args.worker:
-        return worker(args.worker, pathlib.Path(args.work), args.epochs, args.profile, json.loads(args.fit_options))
+        return worker(args.worker, pathlib.Path(args.work), args.epochs, args.profile, json.loads(args.fit_options),
+                      args.torch_dtype)
     configs = [c for c in args.only.split(",") if c]
     unknown = set(configs) - set(CONFIGS)
     if unknown:
@@ -342,13 +361,15 @@ def main(argv=None):
     except ImportError:
         configs = [c for c in configs if not c.startswith("torch")]
         print("torch is not installed: PyTorch configurations left out (pip install -e \".[benchmark]\")")
+    torch_dtype = torch_dtype_for_this_cpu() if args.torch_dtype == "auto" else args.torch_dtype
     with tempfile.TemporaryDirectory() as tmp:
         work = pathlib.Path(tmp)
         prepare(work, args.steps)
         best: dict[str, dict] = {}
         for round_ in range(args.rounds):
             for config in configs:
-                report = measure(config, work, args.epochs, args.profile and round_ == 0, args.steps, args.fit_options)
+                report = measure(config, work, args.epochs, args.profile and round_ == 0, args.steps, args.fit_options,
+                                 torch_dtype)
                 wall, cpu = report["first_step"]
                 print(f"round {round_ + 1} {config}: {report['steady']:,.0f} tokens/s, whole {report['whole_s']:.1f} s, "
                       f"first epoch {report['first_epoch_s']:.1f} s, first step {wall:.2f} s ({cpu:.2f} s CPU)",

@@ -41,6 +41,7 @@ from kerasfast.plan import candidate_plans  # noqa: E402
 from kerasfast.quickstart import digits_convnet  # noqa: E402
 from kerasfast.recipes import load_recipe  # noqa: E402
 from kerasfast.training.throughput import ThroughputMeter, samples_counter  # noqa: E402
+from tests.kerasio_models import build_text_transformer  # noqa: E402
 
 SPARSE_CE = keras.losses.SparseCategoricalCrossentropy(from_logits=False)
 LOGITS_CE = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -62,6 +63,10 @@ def models(quick: bool):
     (x_text, y_text), _, packages = text.stdlib_chunks(128, 100 if quick else 300, 10)
     seq_len = 64
     (x_gpt, y_gpt), _ = gpt.corpus_arrays(gpt.corpus_files(), seq_len, max_bytes=(32 if quick else 128) * seq_len * 32)
+    # keras.io's "Text classification with Transformer" at its own sizes (20,000-word vocabulary, 200 tokens,
+    # embedding and feed-forward 32, batch 32); reviews are random word ids labelled by a word count.
+    reviews = rng.integers(1, 20_000, size=(n, 200)).astype("int32")
+    review_labels = ((reviews < 10_000).sum(axis=1) > 100).astype("int32")
 
     def cnn():
         layers = [keras.Input((32, 32, 3))]
@@ -86,6 +91,8 @@ def models(quick: bool):
         ("small ResNet (image recipe)", lambda: image.small_resnet((8, 8, 1), 10), x_digits, y_digits, 64,
          SPARSE_CE),
         ("text encoder (text recipe)", lambda: text.text_encoder(128, len(packages)), x_text, y_text, 64, SPARSE_CE),
+        ("keras.io text transformer (200 tokens)", lambda: build_text_transformer(20_000, 200, 32, 32), reviews,
+         review_labels, 32, SPARSE_CE),
         ("GPT (gpt recipe, 64 tokens)", lambda: gpt.build_gpt(seq_len=seq_len), x_gpt.astype("int32"),
          y_gpt.astype("int32"), 32, LOGITS_CE),
     ]

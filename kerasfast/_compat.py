@@ -106,11 +106,14 @@ def loss_tracker(model):
 
 
 def learning_rate_store(optimizer):
-    """What an optimizer keeps its learning rate in: a variable, or a schedule.
+    """What an optimizer keeps its learning rate in: a variable holding a
+    constant, a `LearningRateSchedule` or a callable.
 
     The public `learning_rate` property reads its current value, and its
     setter will not put a schedule where a float was (or back); kerasfast
-    swaps the store for a run and puts the user's back afterwards.
+    swaps the store for a run and puts the user's back afterwards. Read
+    directly also because `get_config()` fails on a schedule without one of
+    its own.
     """
     return optimizer._learning_rate
 
@@ -208,13 +211,6 @@ def compute_loss(model, x, y, y_pred, sample_weight, training: bool):
     """`model.compute_loss`, called as Keras calls it: with `training` only
     when the user's override takes it (keras-io's distiller does not)."""
     return model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training)
-
-
-def raw_learning_rate(optimizer):
-    """What the optimizer was given as its learning rate: a variable holding
-    a constant, a `LearningRateSchedule` or a callable. Read directly, since
-    `get_config()` fails on a schedule without one of its own."""
-    return optimizer._learning_rate
 
 
 @contextlib.contextmanager
@@ -404,6 +400,14 @@ def runtime_started() -> bool:
     from tensorflow.python.eager import context
 
     return context.context()._context_handle is not None
+
+
+def onednn_enabled() -> bool:
+    """Whether TensorFlow loaded with its oneDNN kernels on (read once at its
+    start-up from TF_ENABLE_ONEDNN_OPTS and the CPU). No public API tells."""
+    from tensorflow.python.util import _pywrap_util_port
+
+    return bool(_pywrap_util_port.IsMklEnabled())
 
 
 def op_determinism_enabled() -> bool:

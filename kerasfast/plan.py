@@ -71,7 +71,7 @@ FIELD_ORDER = (
     "global_batch_size", "per_replica_batch_size", "grad_accum_steps",
     "effective_batch_size", "clipnorm", "remat", "optimizer", "learning_rate",
     "lr_schedule", "warmup_steps", "total_steps", "prune", "intra_op_threads",
-    "inter_op_threads",
+    "inter_op_threads", "onednn",
 )
 
 # The fields that decide what training computes (not only how fast): a
@@ -146,6 +146,9 @@ class Plan:
             by `grad_accum_steps`), or None when unknown.
         intra_op_threads: TensorFlow threads inside one op (0 = TF default).
         inter_op_threads: TensorFlow ops run at once (0 = TF default).
+        onednn: Whether TensorFlow runs its oneDNN CPU kernels in this
+            process (None where the platform has no such switch); decided
+            when TensorFlow loads (`kerasfast.onednn`).
         prune: Target sparsity of magnitude pruning during the run, or None.
         train_step: Whose train step runs: "kerasfast" (its own, with every
             fast path), "yours" (the model overrides `train_step`) or "keras"
@@ -184,6 +187,7 @@ class Plan:
     train_step: str = "kerasfast"
     tuning: tuple = ()
     tuning_seconds: float | None = None
+    onednn: bool | None = None
 
     def with_choice(self, name: str, value: Any, reason: str | None, *, yours: bool = False) -> "Plan":
         """The plan with `name` set to `value` because of `reason`: the one
@@ -349,6 +353,8 @@ class RunFacts:
         peak_flops: Peak FLOP/s, if known: a number, or `f(compute_dtype)`
             measuring it in the precision the plan picks (once per dtype,
             `kerasfast.costs.PeakFlops`).
+        onednn: `(on, reason)`: whether TensorFlow loaded with its oneDNN
+            CPU kernels, and why (`kerasfast.onednn.onednn_state()`).
     """
 
     epochs: int = 1
@@ -358,6 +364,7 @@ class RunFacts:
     op_determinism: bool = False
     user_batch_callbacks: tuple[str, ...] = ()
     peak_flops: Any = None
+    onednn: tuple[bool | None, str] = (None, "not known")
 
     def peak_flops_in(self, precision: str) -> float | None:
         """The peak FLOP/s in `precision`'s compute dtype, if known."""
@@ -938,6 +945,7 @@ def resolve_plan(
     )
     threads, thread_reasons = resolve_threads(overrides.intra_op_threads, overrides.inter_op_threads, hardware, run)
     reasons.update(thread_reasons)
+    reasons["onednn"] = run.onednn[1]
     plan = Plan(
         strategy=strategy_name, num_replicas=num_replicas, precision=computation.precision,
         jit_compile=computation.jit_compile, steps_per_execution=computation.steps_per_execution,
@@ -947,7 +955,7 @@ def resolve_plan(
         optimizer=rate.optimizer, learning_rate=rate.peak, lr_schedule=rate.schedule, warmup_steps=rate.warmup_steps,
         total_steps=total_steps, intra_op_threads=threads["intra_op_threads"],
         inter_op_threads=threads["inter_op_threads"], reasons=reasons, overridden=tuple(dict.fromkeys(overridden)),
-        train_step=computation.train_step,
+        train_step=computation.train_step, onednn=run.onednn[0],
     )
     return _marked_as_found(plan, found, from_backup, rate_was_asked=asked.learning_rate is not None or asked.scale_lr)
 

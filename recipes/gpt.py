@@ -49,11 +49,11 @@ import sys
 import sysconfig
 import time
 
+import kerasfast  # before Keras: TensorFlow then loads with oneDNN's CPU kernels (kerasfast/onednn.py)
 import keras
 import numpy as np
 from keras import ops
 
-import kerasfast
 from kerasfast import costs, recipes
 from kerasfast.plan import compute_dtype, resolve_precision
 

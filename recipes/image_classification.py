@@ -45,10 +45,10 @@ from __future__ import annotations
 
 import pathlib
 
+import kerasfast  # before Keras: TensorFlow then loads with oneDNN's CPU kernels (kerasfast/onednn.py)
 import keras
 import numpy as np
 
-import kerasfast
 from kerasfast import recipes
 
 MODELS = ("resnet", "mobilenetv3", "efficientnet", "resnet50")

@@ -44,11 +44,11 @@ from __future__ import annotations
 
 import pathlib
 
+import kerasfast  # before Keras: TensorFlow then loads with oneDNN's CPU kernels (kerasfast/onednn.py)
 import keras
 import numpy as np
 import pandas as pd
 
-import kerasfast
 from kerasfast import recipes
 
 BUNDLED = {"breast_cancer": "classification", "wine": "classification", "diabetes": "regression"}

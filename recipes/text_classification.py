@@ -47,10 +47,10 @@ from __future__ import annotations
 import pathlib
 import sysconfig
 
+import kerasfast  # before Keras: TensorFlow then loads with oneDNN's CPU kernels (kerasfast/onednn.py)
 import keras
 import numpy as np
 
-import kerasfast
 from kerasfast import recipes
 
 PACKAGES = ("asyncio", "email", "json", "unittest", "xml", "multiprocessing", "importlib", "http", "logging",

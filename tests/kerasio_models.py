@@ -125,12 +125,12 @@ TEXT_VOCAB = 200  # keras.io: 20000
 TEXT_MAXLEN = 24  # keras.io: 200
 
 
-def build_text_transformer():
+def build_text_transformer(vocab_size=TEXT_VOCAB, maxlen=TEXT_MAXLEN, embed_dim=16, ff_dim=16):
+    """The tests' shrunk sizes by default; `build_text_transformer(20000, 200, 32, 32)` is keras.io's model."""
     keras.utils.set_random_seed(2)
-    vocab_size, maxlen = TEXT_VOCAB, TEXT_MAXLEN
-    embed_dim = 16  # Embedding size for each token (keras.io: 32)
+    # embed_dim: embedding size for each token (keras.io: 32)
     num_heads = 2  # Number of attention heads
-    ff_dim = 16  # Hidden layer size in feed forward network inside transformer (keras.io: 32)
+    # ff_dim: hidden layer size in feed forward network inside transformer (keras.io: 32)
 
     inputs = layers.Input(shape=(maxlen,))
     embedding_layer = TokenAndPositionEmbedding(maxlen, vocab_size, embed_dim)

@@ -19,6 +19,7 @@ from kerasfast._checks import is_int
 from kerasfast.distribute import ray_train, resolve_strategy
 from kerasfast.distribute.consensus import chief_value
 from kerasfast.hardware import detect_hardware
+from kerasfast.onednn import onednn_state
 from kerasfast.plan import Findings, ModelFacts, RunFacts, check_overrides, resolve_threads
 from kerasfast.training import optimizers
 from kerasfast.training.backup import Backup
@@ -53,7 +54,7 @@ def start(run: Run) -> None:
         epochs=args.epochs, tf_runtime_started=started, current_intra_op_threads=current[0],
         current_inter_op_threads=current[1], op_determinism=_compat.op_determinism_enabled(),
         user_batch_callbacks=per_batch_callbacks(args.callbacks),
-        peak_flops=costs.PeakFlops(shared=_shared(run)),
+        peak_flops=costs.PeakFlops(shared=_shared(run)), onednn=onednn_state(),
     )
 
 

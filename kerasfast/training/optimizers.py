@@ -38,7 +38,7 @@ def unwrap(optimizer):
 
 def constant_learning_rate(optimizer) -> float | None:
     """The optimizer's learning rate if it is a constant, else None."""
-    rate = _compat.raw_learning_rate(unwrap(optimizer))
+    rate = _compat.learning_rate_store(unwrap(optimizer))
     if isinstance(rate, keras.Variable):
         return float(keras.ops.convert_to_numpy(rate))
     return float(rate) if isinstance(rate, (int, float)) else None
@@ -70,7 +70,7 @@ def take_plans_rate(optimizer, plan: Plan) -> None:
 def copy_of(optimizer):
     """A fresh optimizer of the same class and configuration (no state)."""
     template = keras.optimizers.get(optimizer) if isinstance(optimizer, str) else optimizer
-    rate = _compat.raw_learning_rate(unwrap(template))
+    rate = _compat.learning_rate_store(unwrap(template))
     if isinstance(rate, keras.Variable):
         return template.__class__.from_config(template.get_config())
     # A schedule (or callable) is shared, not serialised: the user's own
