@@ -5,9 +5,9 @@ variable is unset it turns oneDNN's kernels (fused matmul + bias +
 activation, convolutions, batch matmul) on only on x86 CPUs with
 AVX512-VNNI, AVX512-BF16 or AMX. Elsewhere (AVX2-only CPUs: many AMD EPYC
 and older Intel cloud machines) it falls back to its Eigen kernels, which on
-an AVX2 AMD EPYC ran plain Keras 1.1-1.9x slower on every model of
-`benchmarks/tune.py` (docs/benchmarks.md, "oneDNN on CPUs where TensorFlow
-leaves it off").
+an AVX2 AMD EPYC ran plain Keras 1.2-1.6x slower on eight of the nine models
+of `benchmarks/tune.py` (an LSTM level: 0.95x and 1.11x in two runs;
+docs/benchmarks.md, "oneDNN on CPUs where TensorFlow leaves it off").
 
 `import kerasfast` before TensorFlow loads therefore sets the variable to
 "1" on Linux x86-64 when it is unset; a value the user set, "0" included, is
@@ -77,6 +77,6 @@ def onednn_state() -> tuple[bool | None, str]:
     else:
         why = ("TensorFlow's default on this CPU, which has no AVX512-VNNI/AVX512-BF16/AMX; TensorFlow was imported "
                f"before kerasfast: import kerasfast first, or set {ENV}=1 before TensorFlow loads, for oneDNN's "
-               "kernels (1.1-1.9x plain Keras's rate on an AVX2 CPU, docs/benchmarks.md)")
+               "kernels (plain Keras ran 1.2-1.6x faster with them on an AVX2 CPU, docs/benchmarks.md)")
     return on, why
 
