@@ -402,12 +402,16 @@ def runtime_started() -> bool:
     return context.context()._context_handle is not None
 
 
-def onednn_enabled() -> bool:
+def onednn_enabled() -> bool | None:
     """Whether TensorFlow loaded with its oneDNN kernels on (read once at its
-    start-up from TF_ENABLE_ONEDNN_OPTS and the CPU). No public API tells."""
-    from tensorflow.python.util import _pywrap_util_port
+    start-up from TF_ENABLE_ONEDNN_OPTS and the CPU); None where this
+    TensorFlow does not say. No public API tells."""
+    try:
+        from tensorflow.python.util import _pywrap_util_port
 
-    return bool(_pywrap_util_port.IsMklEnabled())
+        return bool(_pywrap_util_port.IsMklEnabled())
+    except (ImportError, AttributeError):
+        return None
 
 
 def op_determinism_enabled() -> bool:

@@ -53,7 +53,7 @@ def onednn_state() -> tuple[bool | None, str]:
 
     Returns:
         `(on, reason)`; `on` is None where TensorFlow's build has no oneDNN
-        switch to read (not x86-64 Linux).
+        switch to read (not x86-64 Linux) or does not report it.
 
     Example:
 
@@ -72,6 +72,8 @@ def onednn_state() -> tuple[bool | None, str]:
                "x86 CPUs without AVX512-VNNI/AVX512-BF16/AMX)")
     elif value is not None:
         why = f"your {ENV}={value}"
+    elif on is None:
+        why = "TensorFlow's default; this TensorFlow does not report whether oneDNN is on"
     elif on:
         why = "TensorFlow's default on this CPU"
     else:
