@@ -8,6 +8,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # read from or written to the user's own cache.
 os.environ["KERASFAST_CACHE_DIR"] = tempfile.mkdtemp(prefix="kerasfast-test-cache-")
 
+# kerasfast before Keras, as the docs advise: TensorFlow then loads with oneDNN's CPU kernels on every
+# x86-64 CPU (kerasfast/onednn.py), the kernels of the worker processes the tests start, so a result
+# computed here and one computed in a worker come from the same kernels.
+import kerasfast  # noqa: E402, F401
 import keras  # noqa: E402
 import pytest  # noqa: E402
 
