@@ -47,7 +47,11 @@ def checkpoint_as_built(path, model) -> dict:
     """What a ModelCheckpoint saved during the run: its layers' dtype policies, and whether it predicts
     as the trained model does (it must be the model as the user built it, whatever the plan computed in)."""
     saved = keras.models.load_model(path)
-    same = np.array_equal(saved.predict(x[:64], verbose=0), model.predict(x[:64], verbose=0))
+    same_weights = all(np.array_equal(a, b) for a, b in zip(saved.get_weights(), model.get_weights(), strict=True))
+    # The trained model predicts under its strategy (each device half a batch); oneDNN picks
+    # its matmul blocking by shape, so the same weights can round the last bit differently.
+    same_outputs = np.allclose(saved.predict(x[:64], verbose=0), model.predict(x[:64], verbose=0), rtol=0, atol=1e-6)
+    same = same_weights and same_outputs
     return {"checkpoint_policies": sorted({layer.dtype_policy.name for layer in saved.layers}),
             "checkpoint_predicts_as_trained": bool(same)}
 
