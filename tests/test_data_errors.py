@@ -149,10 +149,12 @@ def test_damage_after_the_check_is_named_in_a_users_loop_and_in_model_fit(datase
     damage(shard(dataset, 1), 4)
     # TensorFlow's own error ("corrupted record at 372", "truncated record at ...") names no file; the pass's
     # record count names it, and the tool that finds the record.
-    named = re.escape(f"{shard(dataset, 1)} ends before the 6 records that schema.json promises")
+    # Reading stops at the damaged record 4: the count says where.
+    named = re.escape(f"{shard(dataset, 1)} ends after 4 of the 6 records that schema.json promises for it: "
+                      f"record 4 is damaged")
     with pytest.raises(tf.errors.InvalidArgumentError, match=named) as caught:
         labels(ds)
-    assert re.search(re.escape(f"check_tfrecords({shard(dataset, 1)}) names the first bad record"), str(caught.value))
+    assert re.search(re.escape(f"check_tfrecords({shard(dataset, 1)}) names the bad record"), str(caught.value))
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
     model.compile("sgd", "mse")
     with pytest.raises(tf.errors.InvalidArgumentError, match=named):
@@ -174,7 +176,7 @@ def test_a_file_cut_at_a_record_boundary_after_the_check_is_named_in_a_users_loo
     ds = kd.tfrecord_dataset(dataset, batch_size=4, shuffle=False)  # the quick check passes: the files are whole
     assert labels(ds) == list(range(N))
     cut_at_record(shard(dataset, 1), 3)  # 3 of its 6 records left
-    named = re.escape(f"{shard(dataset, 1)} ends before the 6 records that schema.json promises")
+    named = re.escape(f"{shard(dataset, 1)} ends after 3 of the 6 records that schema.json promises")
     with pytest.raises(tf.errors.InvalidArgumentError, match=named) as caught:
         labels(ds)
     assert "pass on_error=skip" in str(caught.value)
@@ -188,7 +190,7 @@ def test_a_file_cut_at_a_record_boundary_after_the_check_is_named_in_a_users_loo
 
 def test_a_shard_cut_short_without_checks_still_fails_and_on_error_skip_reads_what_is_left(dataset):
     cut_at_record(shard(dataset, 0), 4)
-    with pytest.raises(tf.errors.InvalidArgumentError, match=re.escape(f"{shard(dataset, 0)} ends before the 6")):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=re.escape(f"{shard(dataset, 0)} ends after 4 of the 6")):
         labels(kd.tfrecord_dataset(dataset, batch_size=4, shuffle=False, validate="none"))
     with pytest.warns(UserWarning, match="holds 4 records but schema.json says 6"):
         ds = kd.tfrecord_dataset(dataset, batch_size=4, shuffle=False, on_error="skip")

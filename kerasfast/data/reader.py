@@ -44,6 +44,9 @@ DEFAULT_READ_BLOCK = 16
 # The padding costs nothing per record; counting each file's records inside
 # the pipeline cost more than the reading itself.
 SHORT_FILE_MARK = "\x00kerasfast-short-file\x00"
+# Where the padding's error says how many records were read: the padding's own
+# index in its file, known only when the error is raised.
+READ_COUNT = "<read>"
 # Each record travels with an id, file index * RECORD_ID_STRIDE + record
 # index in its file, which becomes its name in `parse_example`: TensorFlow's
 # own error for a missing or mistyped feature then names the file and record
@@ -660,7 +663,7 @@ def _parse_stage(batches, request: _Request, settings: PipelineSettings, element
 
     def decode_batch(ids, serialized):
         if check_counts:
-            serialized = _raise_on_short_files(serialized)
+            serialized = _raise_on_short_files(ids, serialized)
         if drop_remainder:
             # rebatch() loses the static batch size that drop_remainder promises; restore it.
             serialized = tf.ensure_shape(serialized, [batch_size])
@@ -687,27 +690,34 @@ def _record_names(file_names, ids):
                             tf.strings.as_string(ids % RECORD_ID_STRIDE)])
 
 
-def _raise_on_short_files(serialized):
-    """`serialized` (a batch of records), after an assertion that none is a short file's padding."""
+def _raise_on_short_files(ids, serialized):
+    """`serialized` (a batch of records numbered `ids`), after an assertion that none is a short file's
+    padding."""
     import tensorflow as tf
 
     padding = tf.strings.substr(serialized, 0, len(SHORT_FILE_MARK)) == SHORT_FILE_MARK
-    message = tf.strings.substr(tf.boolean_mask(serialized, padding)[:1], len(SHORT_FILE_MARK), -1)
-    check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(padding)), [message], summarize=1)
-    with tf.control_dependencies([check]):
-        return tf.identity(serialized)
+
+    def short():  # built only when a file is short: the padding's place in its file is the records read
+        first = tf.argmax(tf.cast(padding, tf.int32))
+        message = tf.strings.regex_replace(tf.strings.substr(serialized[first], len(SHORT_FILE_MARK), -1),
+                                           READ_COUNT, tf.strings.as_string(ids[first] % RECORD_ID_STRIDE))
+        with tf.control_dependencies([tf.debugging.Assert(False, [message], summarize=1)]):
+            return tf.identity(serialized)
+
+    return tf.cond(tf.reduce_any(padding), short, lambda: serialized)
 
 
 def _short_file_message(path, promised):
-    """The error a short file's padding carries (a string tensor; TensorFlow's assertion escapes quotes)."""
+    """The error a short file's padding carries, `READ_COUNT` standing for the records read (a string
+    tensor; TensorFlow's assertion escapes quotes)."""
     import tensorflow as tf
 
     return tf.strings.join([
-        "DataError: ", path, " ends before the ", tf.strings.as_string(promised), " records that schema.json "
-        "promises for it: a record is damaged (reading stops at the first one), or the file was truncated, "
-        "rewritten or removed after writing. kerasfast.data.check_tfrecords(", path, ") names the first bad "
-        "record and its byte offset; write the file again, or pass on_error=skip (to tfrecord_dataset or "
-        "kerasfast.fit) to train on the records that are readable."])
+        "DataError: ", path, f" ends after {READ_COUNT} of the ", tf.strings.as_string(promised), " records that "
+        f"schema.json promises for it: record {READ_COUNT} is damaged (reading stops at the first bad record), or "
+        "the file was truncated, rewritten or removed after writing. kerasfast.data.check_tfrecords(", path, ") "
+        "names the bad record and its byte offset; write the file again, or pass on_error=skip (to "
+        "tfrecord_dataset or kerasfast.fit) to train on the records that are readable."])
 
 
 def _steps_per_epoch(request: _Request, worker_records) -> int | None:
