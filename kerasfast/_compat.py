@@ -360,6 +360,28 @@ def data_adapter(x, *, class_weight=None, shuffle=False, steps_per_epoch=None):
     return get_data_adapter(x, class_weight=class_weight, shuffle=shuffle, steps_per_epoch=steps_per_epoch)
 
 
+def call_epoch_hooks(adapter) -> None:
+    """Makes each full pass of a `PyDataset` adapter's tf.data stream call the dataset's
+    `on_epoch_begin()` before its first batch and `on_epoch_end()` after its last.
+
+    Keras calls them from its epoch loop around a fresh iterator per epoch;
+    kerasfast reads one repeated stream, so the pass itself calls them:
+    indices a PyDataset reshuffles in `on_epoch_end` shape the next pass, as
+    in `model.fit`. A PyDataset of unknown length has no passes to hook.
+    """
+    py_dataset = getattr(adapter, "py_dataset", None)
+    if py_dataset is None or py_dataset.num_batches is None:
+        return
+    batches = adapter._get_iterator  # what Keras's from_generator calls once per pass
+
+    def one_pass():
+        py_dataset.on_epoch_begin()
+        yield from batches()
+        py_dataset.on_epoch_end()
+
+    adapter._get_iterator = one_pass
+
+
 def first_batch(adapter):
     """The first batch of a Keras `PyDataset` or generator adapter, without consuming it."""
     batches = getattr(adapter, "_first_batches", None)  # generators: peeked and put back by Keras

@@ -802,3 +802,40 @@ def test_a_model_compiled_without_an_optimizer_trains_with_kerasfasts_own():
     assert isinstance(model.optimizer, keras.optimizers.AdamW) and int(model.optimizer.iterations) == 7
     assert result.plan.optimizer == "AdamW" and result.plan.reasons["optimizer"].startswith("kerasfast default: AdamW")
     assert not np.allclose(model.get_weights()[0], before)
+
+
+class _ReshufflingBatches(keras.utils.PyDataset):
+    """Keras's idiom: a PyDataset that draws new batches in `on_epoch_end`."""
+
+    def __init__(self):
+        super().__init__()
+        self.order, self.rng = np.arange(len(X)), np.random.default_rng(0)
+        self.begins, self.ends, self.first_rows = 0, 0, []  # first_rows: row 0 of each pass
+
+    def __len__(self):
+        return len(X) // 40
+
+    def __getitem__(self, index):
+        rows = self.order[index * 40:(index + 1) * 40]
+        if index == 0 and self.begins > self.ends:  # inside a pass, not a look at the batch structure
+            self.first_rows.append(int(rows[0]))
+        return X[rows], Y[rows]
+
+    def on_epoch_begin(self):
+        self.begins += 1
+
+    def on_epoch_end(self):
+        self.ends += 1
+        self.rng.shuffle(self.order)
+
+
+def test_a_pydataset_draws_new_batches_each_epoch_as_in_keras():
+    batches = _ReshufflingBatches()
+    kerasfast.fit(_model(), batches, epochs=3, run_dir=False, verbose=0)
+    # Each epoch reads the order the previous epoch's on_epoch_end drew.
+    order, rng, drawn = np.arange(len(X)), np.random.default_rng(0), []
+    for _ in range(3):
+        drawn.append(int(order[0]))
+        rng.shuffle(order)
+    assert len(set(drawn)) == 3 and batches.first_rows[:3] == drawn
+    assert batches.ends >= 3 and batches.begins >= 3

@@ -278,6 +278,7 @@ def _from_adapter(x, class_weight, shuffle, what: str) -> PreparedData:
     except ValueError as error:
         raise DataError(f"{what}: {error}") from error
     first = _compat.first_batch(adapter)
+    _compat.call_epoch_hooks(adapter)
     dataset = adapter.get_tf_dataset()
     steps = adapter.num_batches
     first = _compat.tensors(first)
