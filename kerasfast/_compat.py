@@ -125,16 +125,39 @@ def set_learning_rate_store(optimizer, store) -> None:
 def replace_learning_rate(optimizer, rate) -> None:
     """Gives the optimizer `rate` (a constant or a schedule) for good, as if
     it had been made with it: a variable that held its constant rate is no
-    longer among its variables once a schedule replaces it. Keras's own
-    setter keeps it, and a model saved then cannot load its optimizer's
-    state: the optimizer rebuilt from the config has one variable fewer."""
+    longer among its variables once a schedule replaces it, and a constant
+    replacing a schedule gets the variable Keras would have made, second
+    after the step count. Keras's own setter refuses both: a model saved
+    then could not load its optimizer's state (the optimizer rebuilt from the
+    config has one variable more or fewer), and a callback could not set a
+    constant kept as a plain number."""
     old = optimizer._learning_rate
-    if isinstance(old, keras.Variable) and not isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+    is_schedule = isinstance(rate, keras.optimizers.schedules.LearningRateSchedule) or callable(rate)
+    if isinstance(old, keras.Variable) and not is_schedule:
         old.assign(rate)
         return
-    optimizer._learning_rate = rate
-    if isinstance(old, keras.Variable):
-        _drop_variable(optimizer, old)
+    if is_schedule:
+        optimizer._learning_rate = rate
+        if isinstance(old, keras.Variable):
+            _drop_variable(optimizer, old)
+        return
+    _add_learning_rate_variable(optimizer, float(rate))
+
+
+def _add_learning_rate_variable(optimizer, rate: float) -> None:
+    """Makes the variable Keras's optimizer makes for a constant rate, in its place among the variables."""
+    from keras.src.utils.tracking import DotNotTrackScope
+
+    strategy = optimizer_strategy(optimizer)
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
+        with keras.name_scope(optimizer.name, caller=optimizer):
+            variable = keras.Variable(rate, name="learning_rate", dtype=keras.backend.floatx(), trainable=False,
+                                      aggregation="only_first_replica")
+    with DotNotTrackScope():
+        optimizer._learning_rate = variable
+        kept = [v for v in optimizer._variables if v is not variable]
+        optimizer._variables = kept[:1] + [variable] + kept[1:]  # Keras: step count, rate, then the slots
+    optimizer._tracker.stored_ids["variables"].add(id(variable))
 
 
 def _drop_variable(optimizer, variable) -> None:

@@ -350,6 +350,8 @@ class RunFacts:
         op_determinism: Whether TF op determinism is enabled (XLA is then off).
         user_batch_callbacks: The callbacks that act on every batch
             (`kerasfast.training.batch_callbacks`), with why.
+        learning_rate_callbacks: The callbacks that set the learning rate
+            as training goes (`ReduceLROnPlateau`, `LearningRateScheduler`).
         peak_flops: Peak FLOP/s, if known: a number, or `f(compute_dtype)`
             measuring it in the precision the plan picks (once per dtype,
             `kerasfast.costs.PeakFlops`).
@@ -363,6 +365,7 @@ class RunFacts:
     current_inter_op_threads: int = 0
     op_determinism: bool = False
     user_batch_callbacks: tuple[str, ...] = ()
+    learning_rate_callbacks: tuple[str, ...] = ()
     peak_flops: Any = None
     onednn: tuple[bool | None, str] = (None, "not known")
 
@@ -935,8 +938,8 @@ def resolve_plan(
     # Keras counts optimizer iterations in updates: with accumulation, one
     # update per `grad_accum_steps` train steps. Schedules span updates.
     total_steps = max(1, steps_per_epoch * run.epochs // grad_accum_steps) if steps_per_epoch else None
-    rate = _scaled_for_found_batch(_resolve_learning_rate(overrides, model, total_steps, num_replicas, overridden),
-                                   asked, found)
+    rate = _scaled_for_found_batch(_resolve_learning_rate(overrides, model, total_steps, num_replicas, overridden,
+                                                          run.learning_rate_callbacks), asked, found)
     reasons.update(rate.reasons)
     reasons["prune"] = "off: not requested"
     reasons["total_steps"] = (
@@ -1149,12 +1152,12 @@ def _check_learning_rate_request(learning_rate, lr_schedule) -> None:
 
 
 def _resolve_learning_rate(overrides: Overrides, model: ModelFacts, total_steps: int | None, num_replicas: int,
-                           overridden: list) -> _LearningRate:
+                           overridden: list, rate_callbacks: tuple = ()) -> _LearningRate:
     learning_rate, lr_schedule = overrides.learning_rate, overrides.lr_schedule
     _check_learning_rate_request(learning_rate, lr_schedule)
     reasons = {}
     optimizer, reasons["optimizer"], peak, schedule, reasons["lr_schedule"] = _resolve_optimizer_and_schedule(
-        learning_rate, lr_schedule, model, total_steps)
+        learning_rate, lr_schedule, model, total_steps, rate_callbacks)
     if schedule in ("warmup_cosine", "warmup_hold_cosine", "one_cycle") and not total_steps:
         raise PlanError(
             f"lr_schedule={schedule!r} needs the run's length, which is unknown here: pass steps_per_epoch= "
@@ -1182,8 +1185,13 @@ def _resolve_learning_rate(overrides: Overrides, model: ModelFacts, total_steps:
     return _LearningRate(optimizer, peak, schedule, warmup, reasons)
 
 
-def _resolve_optimizer_and_schedule(learning_rate, lr_schedule, model: ModelFacts, total_steps: int | None):
-    """`(optimizer, its reason, peak rate, schedule, its reason)`: the user's optimizer, else AdamW."""
+def _resolve_optimizer_and_schedule(learning_rate, lr_schedule, model: ModelFacts, total_steps: int | None,
+                                    rate_callbacks: tuple = ()):
+    """`(optimizer, its reason, peak rate, schedule, its reason)`: the user's optimizer, else AdamW.
+
+    A callback that sets the learning rate (`rate_callbacks`) gets a constant
+    rate to set: a schedule would fight it, and Keras cannot set one.
+    """
     if model.user_optimizer:
         peak = learning_rate if learning_rate is not None else model.user_learning_rate
         schedule = "optimizer's own" if lr_schedule == "auto" else lr_schedule
@@ -1192,17 +1200,36 @@ def _resolve_optimizer_and_schedule(learning_rate, lr_schedule, model: ModelFact
                 f"lr_schedule={lr_schedule!r} needs a peak learning rate, but your optimizer's learning rate is "
                 "already a schedule: pass learning_rate= or drop lr_schedule=."
             )
+        if rate_callbacks and schedule == "optimizer's own" and peak is None:
+            raise PlanError(
+                f"{rate_callbacks[0]} sets the learning rate as training goes, but your optimizer's learning rate is "
+                "a schedule, which Keras cannot set (it raises TypeError at the callback): give the optimizer a "
+                f"constant learning rate, or drop {rate_callbacks[0]}."
+            )
+        _check_schedule_leaves_rate_to(rate_callbacks, schedule)
         why = "your optimizer's learning rate is used as is" if schedule == "optimizer's own" else "requested"
         return model.user_optimizer, "yours" + (FUSED_UPDATE_NOTE if model.fused_update else ""), peak, schedule, why
     peak = learning_rate if learning_rate is not None else DEFAULT_LEARNING_RATE
     if lr_schedule != "auto":
         schedule, why = lr_schedule, "requested"
+        _check_schedule_leaves_rate_to(rate_callbacks, schedule)
+    elif rate_callbacks:
+        schedule, why = "constant", f"constant: {', '.join(rate_callbacks)} sets the learning rate"
     elif total_steps:
         schedule, why = "warmup_cosine", "linear warm-up then cosine decay over the whole run"
     else:
         schedule = "constant"
         why = "constant: the run's length is unknown (e.g. an infinite dataset without steps_per_epoch)"
     return "AdamW", "kerasfast default: AdamW (decoupled weight decay)" + FUSED_UPDATE_NOTE, peak, schedule, why
+
+
+def _check_schedule_leaves_rate_to(rate_callbacks: tuple, schedule: str) -> None:
+    """Refuses a planned schedule next to a callback that sets the learning rate."""
+    if rate_callbacks and schedule not in ("constant", "optimizer's own"):
+        raise PlanError(
+            f"{rate_callbacks[0]} sets the learning rate as training goes, and lr_schedule={schedule!r} sets it "
+            f"every step: keep one (lr_schedule='constant' leaves the rate to {rate_callbacks[0]})."
+        )
 
 
 def _resolve_warmup(warmup_steps, schedule: str, total_steps: int | None) -> tuple[int | None, str]:

@@ -767,11 +767,12 @@ def test_a_checkpoint_saved_mid_run_loads_with_its_optimizer_state_and_the_users
     kerasfast.fit(model, x, y, epochs=2, batch_size=32, callbacks=[keras.callbacks.ModelCheckpoint(str(saved))],
                   run_dir=False, verbose=0, tune="off", **fit_options)
 
-    if compiled_with is None:
-        assert isinstance(model.optimizer, keras.optimizers.AdamW)
-        assert isinstance(model.optimizer.get_config()["learning_rate"], dict)  # the plan's schedule, for good
     with zipfile.ZipFile(saved) as archive:
         optimizer_config = json.loads(archive.read("config.json"))["compile_config"]["optimizer"]["config"]
+    if compiled_with is None:
+        assert isinstance(model.optimizer, keras.optimizers.AdamW)
+        assert isinstance(optimizer_config["learning_rate"], dict)  # saved during the run: the plan's schedule
+        assert float(model.optimizer.learning_rate) == pytest.approx(1e-3)  # after it: the peak, a constant
     if users_config is not None:
         expected = json.loads(json.dumps(keras.saving.serialize_keras_object(users_config)))
         if compiled_with == "constant":  # the variable holding it is saved as the run uses it
@@ -781,11 +782,12 @@ def test_a_checkpoint_saved_mid_run_loads_with_its_optimizer_state_and_the_users
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # Keras warns, and loads no optimizer state, on a count mismatch
         loaded = keras.models.load_model(saved)
-    assert len(loaded.optimizer.variables) == len(model.optimizer.variables)
-    assert int(loaded.optimizer.iterations) == int(model.optimizer.iterations) == 14
-    for mine, theirs in zip(model.optimizer.variables, loaded.optimizer.variables, strict=True):
-        if not mine.path.endswith("learning_rate"):  # the user's constant is the model's again after the run
-            np.testing.assert_allclose(keras.ops.convert_to_numpy(theirs), keras.ops.convert_to_numpy(mine))
+    # The rate is the user's again after the run (kerasfast's AdamW: its peak, a constant); the state matches.
+    mine, theirs = ([v for v in optimizer.variables if not v.path.endswith("learning_rate")]
+                    for optimizer in (model.optimizer, loaded.optimizer))
+    assert len(theirs) == len(mine) and int(loaded.optimizer.iterations) == int(model.optimizer.iterations) == 14
+    for left, right in zip(mine, theirs, strict=True):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(right), keras.ops.convert_to_numpy(left))
     # A SavedModel export saves the optimizer too, and TensorFlow refuses a tracked list an item was
     # deleted from.
     model.export(str(tmp_path / "saved_model"), verbose=False)
@@ -839,3 +841,64 @@ def test_a_pydataset_draws_new_batches_each_epoch_as_in_keras():
         rng.shuffle(order)
     assert len(set(drawn)) == 3 and batches.first_rows[:3] == drawn
     assert batches.ends >= 3 and batches.begins >= 3
+
+
+def _uncompiled(seed=4):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((6,)), keras.layers.Dense(12, activation="tanh"),
+                             keras.layers.Dense(3, activation="softmax")])
+
+
+def test_a_callback_that_sets_the_learning_rate_gets_a_constant_rate_to_set():
+    halve = keras.callbacks.LearningRateScheduler(lambda epoch, rate: rate / 2)
+    result = kerasfast.fit(_uncompiled(), X, Y, loss="sparse_categorical_crossentropy", batch_size=20, epochs=3,
+                           callbacks=[halve], run_dir=False, verbose=0)
+    assert result.plan.lr_schedule == "constant"
+    assert "LearningRateScheduler sets the learning rate" in result.plan.reasons["lr_schedule"]
+    rate = result.plan.learning_rate
+    np.testing.assert_allclose(result.history.history["learning_rate"], [rate / 2, rate / 4, rate / 8], rtol=1e-6)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["kerasfast's optimizer", "a constant rate of the user's"])
+def test_a_planned_schedule_next_to_a_callback_that_sets_the_rate_is_refused_before_training(compiled):
+    model = _model() if compiled else _uncompiled()
+    before = [w.copy() for w in model.get_weights()]
+    plateau = keras.callbacks.ReduceLROnPlateau(monitor="loss", patience=0)
+    with pytest.raises(kerasfast.PlanError, match=r"ReduceLROnPlateau sets the learning rate .* "
+                                                  r"lr_schedule='warmup_cosine' sets it every step"):
+        kerasfast.fit(model, X, Y, loss="sparse_categorical_crossentropy", lr_schedule="warmup_cosine",
+                      learning_rate=0.01, epochs=2, callbacks=[plateau], run_dir=False, verbose=0)
+    for a, b in zip(before, model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_schedule_of_the_users_that_a_callback_would_set_is_refused_before_training():
+    model = _uncompiled()
+    decay = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=10, decay_rate=0.9)
+    model.compile(keras.optimizers.SGD(decay), "sparse_categorical_crossentropy")
+    plateau = keras.callbacks.ReduceLROnPlateau(monitor="loss", patience=0)
+    with pytest.raises(kerasfast.PlanError, match="your optimizer's learning rate is a schedule, which Keras cannot "
+                                                  "set"):
+        kerasfast.fit(model, X, Y, epochs=2, callbacks=[plateau], run_dir=False, verbose=0)
+
+
+def test_a_model_trained_with_kerasfasts_optimizer_trains_again_in_either_fit(tmp_path):
+    model = _uncompiled()
+    first = kerasfast.fit(model, X, Y, loss="sparse_categorical_crossentropy", batch_size=20, epochs=2,
+                          run_dir=False, verbose=0)
+    assert first.plan.lr_schedule == "warmup_cosine"  # ends at 0
+    # The run's schedule has ended; the optimizer keeps its peak rate, settable as after Keras's compile.
+    assert float(model.optimizer.learning_rate) == pytest.approx(first.plan.learning_rate)
+    model.optimizer.learning_rate = first.plan.learning_rate / 2
+    before = [w.copy() for w in model.get_weights()]
+    second = kerasfast.fit(model, X, Y, batch_size=20, epochs=2, run_dir=False, verbose=0)
+    assert second.plan.lr_schedule == "warmup_cosine" and "kerasfast default" in second.plan.reasons["optimizer"]
+    assert int(model.optimizer.iterations) == 40  # the same optimizer, its state kept
+    assert max(float(np.abs(a - b).max()) for a, b in zip(before, model.get_weights(), strict=True)) > 1e-4
+    before = [w.copy() for w in model.get_weights()]
+    model.fit(X, Y, batch_size=20, epochs=1, verbose=0)
+    assert max(float(np.abs(a - b).max()) for a, b in zip(before, model.get_weights(), strict=True)) > 1e-4
+    model.save(tmp_path / "model.keras")
+    loaded = keras.models.load_model(tmp_path / "model.keras")
+    for a, b in zip(loaded.optimizer.variables, model.optimizer.variables, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())

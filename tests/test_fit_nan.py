@@ -54,9 +54,22 @@ def test_nan_in_array_inputs_is_named_before_training(where):
     with pytest.raises(DataError, match=r"sample 7, position \(3,\)") as refused:
         kerasfast.fit(_model(), data, y, run_dir=False, verbose=0)
     assert ("x holds NaN" if where == "array" else "x['features'] holds NaN") in str(refused.value)
+    assert "pass on_nan='ignore' to train on them" in str(refused.value)
     y[3] = np.inf
     with pytest.raises(DataError, match="y holds an infinite value at sample 3"):
         kerasfast.fit(_model(), np.nan_to_num(x), y, run_dir=False, verbose=0)
+
+
+def test_a_model_that_fills_missing_values_itself_trains_on_them_with_on_nan_ignore():
+    x, y = _regression()
+    x[::5, 0] = np.nan
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((x.shape[1],))
+    filled = keras.layers.Lambda(lambda t: keras.ops.where(keras.ops.isnan(t), 0.0, t))(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(1)(filled))
+    model.compile("sgd", "mse")
+    result = kerasfast.fit(model, x, y, epochs=2, on_nan="ignore", run_dir=False, verbose=0)
+    assert np.isfinite(result.history.history["loss"]).all() and _weights_finite(model)
 
 
 def test_a_diverged_batch_is_rolled_back_and_skipped(tmp_path, capsys):

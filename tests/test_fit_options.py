@@ -120,16 +120,22 @@ def test_steps_per_execution_is_passed_to_keras(digits):
 
 def test_default_optimizer_is_adamw_with_warmup_cosine(digits):
     (x, y), _ = digits
-    result = kerasfast.fit(small_convnet(), (x, y), batch_size=64, epochs=2,
-                           loss="sparse_categorical_crossentropy", **QUIET)
+    rates = []
+    record = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: rates.append(
+        float(model.optimizer.learning_rate)))
+    model = small_convnet()
+    result = kerasfast.fit(model, (x, y), batch_size=64, epochs=2, loss="sparse_categorical_crossentropy",
+                           callbacks=[record], **QUIET)
     plan = result.plan
     assert plan.optimizer == "AdamW" and plan.lr_schedule == "warmup_cosine"
     optimizer = result.train_model.optimizer
     assert isinstance(optimizer, keras.optimizers.AdamW)
     steps = int(np.ceil(len(x) / 64)) * 2
     assert plan.total_steps == steps and plan.warmup_steps == max(1, int(steps * 0.05))
-    # At the end of the run the cosine has decayed the learning rate to ~0.
-    assert float(optimizer.learning_rate) < 0.01 * plan.learning_rate
+    # At the end of the run the cosine has decayed the learning rate to ~0; the
+    # optimizer then keeps the peak as a constant, for a later fit.
+    assert len(rates) == 2 and rates[-1] < 0.01 * plan.learning_rate
+    assert float(optimizer.learning_rate) == pytest.approx(plan.learning_rate)
 
 
 def test_user_optimizer_with_a_requested_schedule(digits):

@@ -1,4 +1,5 @@
-"""Which callbacks must see every batch, as `model.fit` shows them.
+"""What the user's callbacks need from the plan: which must see every
+batch, as `model.fit` shows them, and which set the learning rate.
 
 Keras calls a callback's batch hooks once per execution: with 8 steps per
 execution, `on_train_batch_end` runs for every 8th batch, and
@@ -21,6 +22,8 @@ BATCH_HOOKS = (
 # Keras's own callbacks whose batch hooks only display or record what the
 # execution's last batch shows: they lose nothing under longer executions.
 _DISPLAY_ONLY = (keras.callbacks.ProgbarLogger, keras.callbacks.History)
+# Keras's callbacks that set `optimizer.learning_rate` as training goes.
+LEARNING_RATE_CALLBACKS = (keras.callbacks.ReduceLROnPlateau, keras.callbacks.LearningRateScheduler)
 
 
 def per_batch_callbacks(callbacks) -> tuple[str, ...]:
@@ -39,6 +42,20 @@ def per_batch_callbacks(callbacks) -> tuple[str, ...]:
     ('TerminateOnNaN(on_batch_end)',)
     """
     return tuple(entry for entry in map(_per_batch, callbacks) if entry)
+
+
+def learning_rate_callbacks(callbacks) -> tuple[str, ...]:
+    """Names of the callbacks that set the optimizer's learning rate each epoch
+    (Keras's `ReduceLROnPlateau` and `LearningRateScheduler`, subclasses too):
+    a planned schedule would fight them, and Keras cannot set a schedule.
+
+    Example:
+
+    >>> learning_rate_callbacks([keras.callbacks.ReduceLROnPlateau(), keras.callbacks.EarlyStopping()])
+    ('ReduceLROnPlateau',)
+    """
+    return tuple(type(callback).__name__ for callback in callbacks
+                 if isinstance(callback, LEARNING_RATE_CALLBACKS))
 
 
 def _per_batch(callback) -> str | None:

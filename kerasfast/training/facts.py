@@ -23,7 +23,7 @@ from kerasfast.onednn import onednn_state
 from kerasfast.plan import Findings, ModelFacts, RunFacts, check_overrides, resolve_threads
 from kerasfast.training import optimizers
 from kerasfast.training.backup import Backup
-from kerasfast.training.batch_callbacks import per_batch_callbacks
+from kerasfast.training.batch_callbacks import learning_rate_callbacks, per_batch_callbacks
 from kerasfast.training.run import Run
 
 
@@ -54,6 +54,7 @@ def start(run: Run) -> None:
         epochs=args.epochs, tf_runtime_started=started, current_intra_op_threads=current[0],
         current_inter_op_threads=current[1], op_determinism=_compat.op_determinism_enabled(),
         user_batch_callbacks=per_batch_callbacks(args.callbacks),
+        learning_rate_callbacks=learning_rate_callbacks(args.callbacks),
         peak_flops=costs.PeakFlops(shared=_shared(run)), onednn=onednn_state(),
     )
 
@@ -83,6 +84,8 @@ def model_facts(model, train_data, optimizer) -> ModelFacts:
     """What the plan needs to know about the model and its compile settings."""
     settings = _compat.compile_config(model)
     user_optimizer = optimizer if optimizer is not None else (model.optimizer if model.compiled else None)
+    if optimizers.is_kerasfasts_own(user_optimizer):
+        user_optimizer = None  # made by an earlier kerasfast.fit: planned afresh, as for an uncompiled model
     template = keras.optimizers.get(user_optimizer) if isinstance(user_optimizer, str) else user_optimizer
     own_step = _compat.overridden_step(model, "train_step")
     flops = None

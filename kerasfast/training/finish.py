@@ -14,6 +14,7 @@ from kerasfast._atomic import replace_durably
 from kerasfast.distribute.strategy import scope_of
 from kerasfast.errors import RunFolderWarning
 from kerasfast.runs import save_model, write_json
+from kerasfast.training import optimizers
 from kerasfast.training.models import copy_optimizer_state, copy_weights
 from kerasfast.training.run import Run
 
@@ -29,7 +30,23 @@ def finish_model(run: Run) -> list | None:
             summary = finalize_pruning(run.train_model) + [row for row in run.pruned_layers if not row["pruned"]]
     if run.prepared.rebuilt:
         _carry_back(run.train_model, run.prepared.user_model)
+    if run.uses_default_optimizer:
+        _settle_optimizer(run.prepared.user_model, run.plan)
     return summary
+
+
+def _settle_optimizer(user_model, plan) -> None:
+    """kerasfast's own optimizer on the user's model keeps the run's peak rate
+    (`optimizers.settle_after_run`); a failure is a warning: the run is done."""
+    if user_model.optimizer is None:
+        return
+    try:
+        optimizers.settle_after_run(user_model.optimizer, plan)
+    except Exception as error:  # noqa: BLE001 - the trained weights and state are in; only the rate is not
+        warnings.warn(
+            f"kerasfast: training finished, but the optimizer kerasfast made for {user_model.name!r} keeps the "
+            f"run's schedule, which has ended at 0 ({type(error).__name__}: {error}); set "
+            f"model.optimizer.learning_rate or compile again before training it further.", stacklevel=4)
 
 
 def write_run_folder(run: Run, result) -> None:

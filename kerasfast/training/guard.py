@@ -80,7 +80,8 @@ def check_finite(structure, what: str = "x") -> None:
         raise DataError(
             f"{path} holds {kind} at {position} ({count} sample(s) in all hold non-finite values); training on it "
             "would make the weights NaN. Drop or fill those samples (e.g. np.nan_to_num, or "
-            "x[np.isfinite(x).all(axis=1)]) before fit."
+            "x[np.isfinite(x).all(axis=1)]) before fit; if your model handles missing values itself (e.g. a first "
+            "layer that fills NaN), pass on_nan='ignore' to train on them as model.fit does."
         )
 
 

@@ -82,7 +82,9 @@ def _compile_in_place(model, given: dict, needs_loss: bool) -> bool:
         Whether the model got kerasfast's default optimizer.
     """
     if model.compiled and not given and (model.optimizer is not None or not needs_loss):
-        return False  # compiled with `optimizer=None`, kerasfast's step gets the default, as an uncompiled model
+        # Compiled with `optimizer=None`, kerasfast's step gets the default, as an uncompiled model; an
+        # optimizer an earlier kerasfast.fit made keeps its state and takes this run's plan.
+        return optimizers.is_kerasfasts_own(model.optimizer)
     own_compile = _compat.overridden_step(model, "compile")
     if own_compile is not None:
         if model.compiled:
@@ -101,8 +103,8 @@ def _compile_in_place(model, given: dict, needs_loss: bool) -> bool:
         given = {**given, "optimizer": optimizers.copy_of(given_optimizer)}
     settings.update(given)
     _check_loss(settings, needs_loss and not _has_added_losses(model))
-    default = settings.get("optimizer") is None
-    if default:
+    default = settings.get("optimizer") is None or optimizers.is_kerasfasts_own(settings["optimizer"])
+    if settings.get("optimizer") is None:
         settings["optimizer"] = optimizers.default_optimizer()
     settings.setdefault("jit_compile", "auto")
     model.compile(**settings)
@@ -122,8 +124,8 @@ def _compile_copy(clone, user_model, strategy, given: dict, needs_loss: bool) ->
     """
     settings = {**_compat.compile_config(user_model), **given}
     _check_loss(settings, needs_loss)
-    default = settings.get("optimizer") is None
-    if default:
+    default = settings.get("optimizer") is None or optimizers.is_kerasfasts_own(settings["optimizer"])
+    if settings.get("optimizer") is None:
         settings["optimizer"] = optimizers.default_optimizer()
     if not user_model.compiled or given:
         user_model.compile(**{**settings, "optimizer": _optimizer_for_user_model(settings["optimizer"], user_model)})

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import weakref
 
 import keras
 
@@ -27,6 +28,9 @@ DEFAULT_WEIGHT_DECAY = 0.01
 # TensorFlow's ResourceApplyAdam kernel computes, for these weight dtypes.
 FUSED_UPDATE_CLASSES = (keras.optimizers.Adam, keras.optimizers.AdamW)
 FUSED_UPDATE_DTYPES = ("float32", "float64")
+# The optimizers kerasfast made (`default_optimizer`), told apart from the
+# user's when a model trained by kerasfast comes back to fit.
+_KERASFASTS_OWN = weakref.WeakSet()
 
 
 def unwrap(optimizer):
@@ -59,7 +63,15 @@ def learning_rate_schedule(plan: Plan):
 def default_optimizer():
     """kerasfast's optimizer for a model compiled without one: AdamW, whose
     learning rate becomes the plan's once the run is planned (`take_plans_rate`)."""
-    return keras.optimizers.AdamW(learning_rate=DEFAULT_LEARNING_RATE, weight_decay=DEFAULT_WEIGHT_DECAY)
+    optimizer = keras.optimizers.AdamW(learning_rate=DEFAULT_LEARNING_RATE, weight_decay=DEFAULT_WEIGHT_DECAY)
+    _KERASFASTS_OWN.add(optimizer)
+    return optimizer
+
+
+def is_kerasfasts_own(optimizer) -> bool:
+    """Whether `optimizer` is one kerasfast made for a model compiled without one
+    (a later fit plans its learning rate afresh, as for an uncompiled model)."""
+    return isinstance(optimizer, keras.optimizers.Optimizer) and unwrap(optimizer) in _KERASFASTS_OWN
 
 
 def take_plans_rate(optimizer, plan: Plan) -> None:
@@ -67,17 +79,30 @@ def take_plans_rate(optimizer, plan: Plan) -> None:
     _compat.replace_learning_rate(unwrap(optimizer), learning_rate_schedule(plan))
 
 
+def settle_after_run(optimizer, plan: Plan) -> None:
+    """kerasfast's own optimizer after its run keeps the run's peak rate as a
+    constant: the run's schedule has ended (warm-up and cosine end at 0), and
+    a later `model.fit` must train, and a callback set the rate, as after
+    Keras's own compile."""
+    inner = unwrap(optimizer)
+    if not isinstance(_compat.learning_rate_store(inner), keras.Variable):
+        _compat.replace_learning_rate(inner, plan.learning_rate)
+
+
 def copy_of(optimizer):
     """A fresh optimizer of the same class and configuration (no state)."""
     template = keras.optimizers.get(optimizer) if isinstance(optimizer, str) else optimizer
     rate = _compat.learning_rate_store(unwrap(template))
     if isinstance(rate, keras.Variable):
-        return template.__class__.from_config(template.get_config())
-    # A schedule (or callable) is shared, not serialised: the user's own
-    # schedule class need not have a get_config() for Keras to train with it.
-    with _compat.learning_rate_hidden(unwrap(template)):
         fresh = template.__class__.from_config(template.get_config())
-    unwrap(fresh).learning_rate = rate
+    else:
+        # A schedule (or callable) is shared, not serialised: the user's own
+        # schedule class need not have a get_config() for Keras to train with it.
+        with _compat.learning_rate_hidden(unwrap(template)):
+            fresh = template.__class__.from_config(template.get_config())
+        unwrap(fresh).learning_rate = rate
+    if is_kerasfasts_own(template):
+        _KERASFASTS_OWN.add(unwrap(fresh))
     return fresh
 
 
