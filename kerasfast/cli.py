@@ -93,9 +93,7 @@ def quickstart(out_dir, epochs, batch_size, precision):
         raise click.ClickException(str(error)) from error
     click.echo("")
     click.echo(metrics["export_table"])
-    click.echo(f"test accuracy {metrics['test_accuracy']:.4f} pruned to {metrics['sparsity']:.0%} "
-               f"(dense {metrics['dense_test_accuracy']:.4f}); "
-               f"{metrics['samples_per_second']:,.0f} samples/s ({metrics['precision']}); run folder: {out_dir}")
+    click.echo(quickstart_summary(metrics, out_dir))
     if metrics.get("report"):
         click.echo(f"report: {metrics['report']}")
 
@@ -177,6 +175,15 @@ def _register_subcommands():
 
 
 _register_subcommands()
+
+def quickstart_summary(metrics: dict, out_dir) -> str:
+    """The quickstart's last line: accuracies, throughput (n/a when no epoch after the first was timed,
+    as in a one-epoch run) and the run folder."""
+    rate = metrics["samples_per_second"]
+    return (f"test accuracy {metrics['test_accuracy']:.4f} pruned to {metrics['sparsity']:.0%} "
+            f"(dense {metrics['dense_test_accuracy']:.4f}); {f'{rate:,.0f}' if rate is not None else 'n/a'} "
+            f"samples/s ({metrics['precision']}); run folder: {out_dir}")
+
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

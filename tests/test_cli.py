@@ -67,6 +67,14 @@ def test_quickstart_trains_and_writes_a_run_folder(tmp_path):
     assert "tflite_int8" in done.stdout  # the report table is printed
 
 
+def test_quickstart_summary_of_a_run_without_a_timed_epoch():
+    from kerasfast.cli import quickstart_summary
+
+    metrics = {"test_accuracy": 0.97, "sparsity": 0.8, "dense_test_accuracy": 0.98, "precision": "float32"}
+    assert "n/a samples/s" in quickstart_summary({**metrics, "samples_per_second": None}, "q")
+    assert "1,234 samples/s" in quickstart_summary({**metrics, "samples_per_second": 1234.4}, "q")
+
+
 def test_unknown_precision_is_a_usage_error(tmp_path):
     done = run_cli("quickstart", "--out", str(tmp_path / "q"), "--precision", "fp8")
     assert done.returncode == 2

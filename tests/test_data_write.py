@@ -254,3 +254,38 @@ def test_streaming_source_keeps_memory_bounded(tmp_path):
         tracemalloc.stop()
     assert result.num_records == 30_000 and result.num_bytes > 30_000 * 1024
     assert peak < 5 * 2**20, f"peak Python memory {peak / 2**20:.1f} MiB for a ~31 MB source"
+
+
+def test_files_of_another_program_named_like_shards_are_never_replaced_or_removed(tmp_path):
+    out = tmp_path / "mixed"
+    out.mkdir()
+    with tf.io.TFRecordWriter(str(out / "data-00000-of-00001.tfrecord")) as writer:
+        writer.write(b"someone else's record")
+    (out / "data-00003-of-00009.tfrecord.gz").write_bytes(b"another tool's shard")
+    before = sorted(os.listdir(out))
+    for overwrite in (False, True):
+        with pytest.raises(DataError, match=r"holds TFRecord files that no kerasfast schema.json there lists "
+                                            r"\(data-00000-of-00001.tfrecord, data-00003-of-00009.tfrecord.gz\)"):
+            kd.write_tfrecords({"v": np.arange(6, dtype=np.float32)}, out, shards=2, overwrite=overwrite)
+        assert sorted(os.listdir(out)) == before
+    # Under another prefix the dataset is written beside them; rewriting it replaces only its own shards.
+    kd.write_tfrecords({"v": np.arange(6, dtype=np.float32)}, out, shards=2, prefix="mine")
+    kd.write_tfrecords({"v": np.arange(4, dtype=np.float32)}, out, shards=1, prefix="mine")
+    assert sorted(os.listdir(out)) == sorted([*before, "mine-00000-of-00001.tfrecord", "schema.json"])
+
+
+def test_a_folder_whose_name_looks_like_a_pattern_is_read_by_its_name(tmp_path):
+    out = tmp_path / "run[1]*?"
+    kd.write_tfrecords({"v": np.arange(6, dtype=np.float32)}, out, shards=2)
+    values = np.concatenate([batch["v"].numpy() for batch in kd.tfrecord_dataset(str(out), batch_size=4,
+                                                                               shuffle=False)])
+    assert sorted(values.tolist()) == list(range(6))
+    assert kd.check_tfrecords(str(out)).ok
+
+
+def test_a_failed_write_leaves_no_folder_it_made(tmp_path):
+    out = tmp_path / "new" / "dataset"
+    labels = np.array([0, 1, 2, 3, 4, 5, 6, 7, 8, "nine"], dtype=object)  # the last one cannot be encoded
+    with pytest.raises(DataError):
+        kd.write_tfrecords({"v": np.arange(10, dtype=np.float32), "label": labels}, out, shards=2)
+    assert not out.exists()

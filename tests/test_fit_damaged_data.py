@@ -53,6 +53,18 @@ def test_damaged_validation_records_are_named_too(tmp_path):
         kerasfast.fit(_model(), train, validation_data=validation, epochs=1, batch_size=32, run_dir=False, verbose=0)
 
 
+@pytest.mark.parametrize("where", ["x", "validation_data"])
+def test_damage_in_a_tfrecord_dataset_given_to_fit_is_named_as_for_its_folder(tmp_path, where):
+    folder = _records(tmp_path)
+    dataset = kerasfast.data.tfrecord_dataset(folder, batch_size=32)  # checked now; damaged below
+    shard = _flip_a_byte(folder)
+    x, y = np.zeros((64, 8), "float32"), np.zeros(64, "int64")
+    data = {"x": dataset} if where == "x" else {"x": x, "y": y, "validation_data": dataset}
+    with pytest.raises(DataError) as raised:
+        kerasfast.fit(_model(), epochs=1, batch_size=32, run_dir=False, verbose=0, tune="off", **data)
+    assert shard.name in str(raised.value) and "byte offset" in str(raised.value)
+
+
 def test_on_error_skip_trains_on_the_readable_records(tmp_path):
     folder = _records(tmp_path)
     _flip_a_byte(folder)

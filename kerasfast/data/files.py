@@ -154,7 +154,7 @@ def _expand(path_or_pattern: Any) -> list:
             out.extend(_expand(p))
         return out
     path = os.fspath(path_or_pattern)
-    if glob.has_magic(path):
+    if glob.has_magic(path) and not os.path.exists(path):  # an existing "run[1]" is a name, not a pattern
         files = sorted(f for f in glob.glob(path) if os.path.isfile(f))
         if not files:
             raise DataError(

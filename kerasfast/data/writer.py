@@ -214,6 +214,7 @@ def write_tfrecords(
     _refuse_overwrite(out_dir, overwrite)
     src = open_source(source, label=label, shuffle=shuffle, seed=seed, source_type=source_type,
                       text_unit=text_unit, csv_dtypes=csv_dtypes)
+    created = not os.path.exists(out_dir)
     _prepare_folder(out_dir, prefix)
     steps = _CommitSteps()
     plan = _plan_shards(out_dir, prefix, compression, _shard_count(shards, src, target_shard_bytes))
@@ -243,6 +244,8 @@ def write_tfrecords(
     finally:
         if not committed:
             _remove_files(plan.tmp_paths)
+            if created and not os.listdir(out_dir):
+                os.rmdir(out_dir)  # a failed write leaves no trace, not even the folder it made
     if progress is not None:
         progress(written.num_records, src.num_records)
     if written.skipped:
@@ -286,7 +289,24 @@ def _prepare_folder(out_dir: str, prefix: str) -> None:
     # A run killed after its commit point left the new dataset half renamed: finish that first, since
     # the temporary files removed next may be its shards.
     _roll_forward(out_dir)
+    _refuse_foreign_shards(out_dir, prefix)
     _remove_partials(out_dir, prefix)
+
+
+def _refuse_foreign_shards(out_dir: str, prefix: str) -> None:
+    """Refuses a folder holding files named like this dataset's shards that its schema.json does not list:
+    another program's files, which writing would replace or remove."""
+    pattern = re.compile(re.escape(prefix) + _SHARD_RE)
+    dataset = load_folder(out_dir)
+    ours = {shard.file for shard in dataset.schema.shards} if dataset is not None else set()
+    foreign = sorted(entry.name for entry in os.scandir(out_dir)
+                     if entry.is_file() and pattern.fullmatch(entry.name) and entry.name not in ours)
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise DataError(
+            f"{out_dir} holds TFRecord files that no kerasfast {SCHEMA_FILENAME} there lists ({shown}); writing "
+            f"would replace or remove them. Move them away, write to another folder, or pass another prefix= "
+            f"(they are named like prefix {prefix!r}'s shards).")
 
 
 def _shard_count(shards, src, target_shard_bytes: int) -> int:

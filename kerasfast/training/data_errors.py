@@ -34,10 +34,12 @@ def errors_naming_the_data(x, y, validation_data, validation_steps):
 
 @contextlib.contextmanager
 def damage_named(*sources):
-    """Turns a TensorFlow read error from TFRecord `sources` into a
-    `DataError` naming the damaged file, record and byte offset; other
-    errors (a model's own InvalidArgumentError) pass unchanged."""
-    paths = [source for source in sources if isinstance(source, (str, os.PathLike))]
+    """Turns a TensorFlow read error from TFRecord `sources` (paths, or
+    datasets from `kerasfast.data.tfrecord_dataset`) into a `DataError`
+    naming the damaged file, record and byte offset; other errors (a model's
+    own InvalidArgumentError) pass unchanged."""
+    paths = [source for source in sources
+             if isinstance(source, (str, os.PathLike)) or getattr(source, "kerasfast_info", None) is not None]
     try:
         yield
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as error:
