@@ -266,12 +266,20 @@ def test_schema_not_matching_the_records(dataset):
         kd.tfrecord_dataset(dataset, batch_size=2)
 
 
-def test_schema_with_wrong_shape(dataset):
+@pytest.mark.parametrize("shape, dtype", [([9], None), ([4], None), ([2], None), ([], None), ([4], "int16")],
+                         ids=["9 values", "4 values", "2 values", "a scalar", "16-bit integers"])
+def test_schema_with_wrong_shape(dataset, shape, dtype):
+    # The records hold 8 float32; shapes that divide the bytes evenly must not read as misaligned batches.
     schema = json.loads((dataset / "schema.json").read_text())
-    schema["features"][0]["shape"] = [9]  # the records hold 8 floats
+    schema["features"][0]["shape"] = shape
+    if dtype:
+        schema["features"][0]["dtype"] = dtype
     (dataset / "schema.json").write_text(json.dumps(schema))
     with pytest.raises(DataError, match=r"record 0 .*does not decode with the schema"):
         kd.tfrecord_dataset(dataset, batch_size=2)
+    assert not kd.check_tfrecords(dataset).ok
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"feature x: a record holds another number"):
+        labels(kd.tfrecord_dataset(dataset, batch_size=2, validate="none"))
 
 
 def test_images_that_fail_to_decode(tmp_path):

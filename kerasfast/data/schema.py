@@ -18,6 +18,8 @@ Encodings:
 
 from __future__ import annotations
 
+import math
+
 import dataclasses
 import json
 import os
@@ -311,11 +313,23 @@ def _feature_decoder(f: FeatureSchema, image_size):
     if f.encoding == "raw":
         dtype = tf.as_dtype(f.dtype)
         stored = tf.uint8 if f.dtype == "bool" else dtype
-        shape = [-1, *f.shape]
+        known = all(d is not None for d in f.shape)
+        size = math.prod(f.shape) if known else None
+        # Without this check, records holding another number of values than the
+        # schema's shape (an edited schema.json) reshape into misaligned batches
+        # whenever the sizes divide: 8 records of 4 floats read as 16 of 2.
+        mismatch = (f"feature {f.name}: a record holds another number of {f.dtype} values than the shape "
+                    f"{list(f.shape)} ({size} values) in schema.json, which does not describe these records: "
+                    f"write the data again, or correct the feature shape and dtype in schema.json")
 
         def decode_raw(t):
             flat = tf.io.decode_raw(t, stored, little_endian=True)
-            out = tf.reshape(flat, shape)
+            if known:
+                values = tf.shape(flat)[-1]
+                with tf.control_dependencies([tf.debugging.assert_equal(values, size, message=mismatch)]):
+                    out = tf.reshape(flat, [*tf.unstack(tf.shape(flat)[:-1]), *f.shape])
+            else:
+                out = tf.reshape(flat, [-1, *f.shape])
             return tf.cast(out, tf.bool) if f.dtype == "bool" else out
 
         return decode_raw
