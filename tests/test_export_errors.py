@@ -106,6 +106,20 @@ def test_bad_eval_data_is_refused(previous_export):
     assert_untouched(previous_export)
 
 
+@pytest.mark.parametrize("loss, labels, message", [
+    ("sparse_categorical_crossentropy", np.eye(3)[[0, 1, 2, 0]], r"labels \(shape \(4, 3\), dtype float64\)"),
+    ("sparse_categorical_crossentropy", np.array([0, 1, 2, 3]), r"Received a label value of 3"),
+    ("categorical_crossentropy", np.array([0, 1, 2, 0]), r"loss categorical_crossentropy"),
+], ids=["one-hot for a sparse loss", "a class id beyond the outputs", "class ids for a categorical loss"])
+def test_eval_labels_the_loss_cannot_take_are_refused(previous_export, loss, labels, message):
+    model = small_model()
+    model.compile("sgd", keras.losses.get(loss) if loss == "categorical_crossentropy" else loss)
+    with pytest.raises(DataError, match=message) as refused:
+        export_model(model, previous_export, formats=["keras"], eval_data=(np.zeros((4, 6), "float32"), labels))
+    assert "eval_data's labels" in str(refused.value) and "{{function_node" not in str(refused.value)
+    assert_untouched(previous_export)
+
+
 def test_layer_no_graph_format_supports_is_named(previous_export):
     model = model_with(NumpyMean(name="numpy_mean"))
     with pytest.raises(ExportError, match=r"layer 'numpy_mean' \(NumpyMean\) cannot be traced.*"

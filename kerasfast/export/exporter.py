@@ -241,6 +241,7 @@ def _preflight(model, out_dir, formats, representative_data, eval_data, *, num_c
         representative_data, signature, argument="representative_data", limit=num_calibration_samples
     )
     evaluation = preflight.check_eval_data(eval_data, signature)
+    preflight.check_eval_labels(model, evaluation, model_loss_fn(model))
     if "keras" in chosen:
         preflight.check_keras_serializable(model)
     preflight.check_traceable(model, signature, chosen)

@@ -9,6 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from kerasfast import _compat
+from kerasfast.data.messages import tf_error_text
 from kerasfast.errors import DataError, ExportError
 from kerasfast.export.formats import DEFAULT_FORMATS, FORMATS
 
@@ -251,3 +252,28 @@ def check_eval_data(eval_data, signature: ModelSignature, limit: int = 100_000):
     if len(y) != len(x):
         raise DataError(f"eval_data has {len(x)} inputs but {len(y)} labels.")
     return x, y
+
+
+def check_eval_labels(model, evaluation, loss_fn, chunk: int = 8192) -> None:
+    """Refuses eval labels the model's compiled loss cannot take (one-hot rows
+    for a sparse loss, class ids for a categorical one, ids beyond the outputs),
+    before anything is written: the loss is computed on uniform outputs of the
+    model's output shape, so the model itself runs on one sample only."""
+    if evaluation is None or loss_fn is None:
+        return
+    x, y = evaluation
+    width = np.asarray(model.predict(x[:1], verbose=0)).shape[1:]
+    for start in range(0, len(y), chunk):
+        labels = y[start:start + chunk]
+        uniform = np.full((len(labels), *width), 1.0 / max(1, int(np.prod(width[-1:]))), np.float32)
+        try:
+            loss_fn(labels, uniform)
+        except (ValueError, TypeError, tf.errors.InvalidArgumentError) as error:
+            first = tf_error_text(error)[:300]
+            raise DataError(
+                f"eval_data's labels (shape {tuple(np.shape(y))}, dtype {np.asarray(y).dtype}) do not fit the model's "
+                f"loss {getattr(loss_fn, '__name__', type(loss_fn).__name__)} on outputs of shape (batch, "
+                f"{', '.join(map(str, width))}): {first}. Pass labels as the model was trained on them (class ids "
+                f"below {width[-1] if width else '?'} for a sparse loss, one-hot rows for a categorical one)."
+            ) from error
+
