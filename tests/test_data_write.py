@@ -289,3 +289,14 @@ def test_a_failed_write_leaves_no_folder_it_made(tmp_path):
     with pytest.raises(DataError):
         kd.write_tfrecords({"v": np.arange(10, dtype=np.float32), "label": labels}, out, shards=2)
     assert not out.exists()
+
+
+def test_an_out_dir_that_is_a_file_or_under_one_is_named(tmp_path):
+    afile = tmp_path / "t.parquet"
+    afile.write_bytes(b"not a folder")
+    data = {"v": np.arange(4, dtype=np.float32)}
+    with pytest.raises(DataError, match=rf"out_dir {afile} is a file, not a folder"):
+        kd.write_tfrecords(data, afile)
+    with pytest.raises(DataError, match=rf"out_dir {afile / 'sub'} cannot be created \(Not a directory\)"):
+        kd.write_tfrecords(data, afile / "sub")
+    assert afile.read_bytes() == b"not a folder"

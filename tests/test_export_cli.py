@@ -62,6 +62,17 @@ def test_cli_reports_bad_input_as_a_clear_error(saved_model_and_data):
     assert not (folder / "bad").exists()
 
 
+@pytest.mark.parametrize("option, name", [("--representative", "notnpy.npy"), ("--eval", "notnpz.npz")])
+def test_cli_names_an_array_file_numpy_cannot_read(saved_model_and_data, option, name):
+    folder = saved_model_and_data
+    (folder / name).write_bytes(b"plain text, not an array file\n")
+    result = CliRunner().invoke(export_command, [str(folder / "model.keras"), str(folder / "bad"), option,
+                                                 str(folder / name)])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert f"Error: {option} {folder / name} is not an array file NumPy can read" in result.output
+    assert not (folder / "bad").exists()
+
+
 def test_cli_runs_as_a_module(saved_model_and_data):
     folder = saved_model_and_data
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}

@@ -285,7 +285,16 @@ def _refuse_overwrite(out_dir: str, overwrite: bool) -> None:
 
 def _prepare_folder(out_dir: str, prefix: str) -> None:
     """Creates the folder and clears what interrupted earlier runs left in it."""
-    os.makedirs(out_dir, exist_ok=True)
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise DataError(f"out_dir {out_dir} is a file, not a folder: pass a folder to write the dataset into.")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as error:
+        raise DataError(f"out_dir {out_dir} cannot be created ({error.strerror or error}): pass a folder you can "
+                        f"write to.") from error
+    if not os.access(out_dir, os.W_OK | os.X_OK):
+        raise DataError(f"out_dir {out_dir} is not writable (read-only or without permission): pass a folder you "
+                        f"can write to.")
     # A run killed after its commit point left the new dataset half renamed: finish that first, since
     # the temporary files removed next may be its shards.
     _roll_forward(out_dir)

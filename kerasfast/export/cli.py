@@ -10,15 +10,26 @@ from kerasfast.errors import DataError, KerasfastError
 from kerasfast.export.formats import FORMATS
 
 
-def _load_inputs(path: str, argument: str):
-    """Inputs from .npy, or from .npz (array 'x', else the only array)."""
+def _np_load(file: Path, argument: str):
+    """`np.load(file)`, with a file NumPy cannot read named as the argument's."""
+    import zipfile
+
     import numpy as np
 
+    try:
+        return np.load(file, allow_pickle=False)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
+        raise DataError(f"{argument} {file} is not an array file NumPy can read ({str(error).splitlines()[0][:200]}); "
+                        f"save the arrays with np.save (.npy) or np.savez (.npz).") from error
+
+
+def _load_inputs(path: str, argument: str):
+    """Inputs from .npy, or from .npz (array 'x', else the only array)."""
     file = Path(path)
     if file.suffix == ".npy":
-        return np.load(file, allow_pickle=False)
+        return _np_load(file, argument)
     if file.suffix == ".npz":
-        with np.load(file, allow_pickle=False) as archive:
+        with _np_load(file, argument) as archive:
             if "x" in archive.files:
                 return archive["x"]
             if len(archive.files) == 1:
@@ -28,12 +39,10 @@ def _load_inputs(path: str, argument: str):
 
 
 def _load_eval(path: str):
-    import numpy as np
-
     file = Path(path)
     if file.suffix != ".npz":
         raise DataError(f"--eval {file} must be a .npz file with arrays 'x' and 'y'.")
-    with np.load(file, allow_pickle=False) as archive:
+    with _np_load(file, "--eval") as archive:
         if not {"x", "y"} <= set(archive.files):
             raise DataError(f"--eval {file} holds arrays {archive.files}; it needs 'x' and 'y'.")
         return archive["x"], archive["y"]
