@@ -902,3 +902,11 @@ def test_a_model_trained_with_kerasfasts_optimizer_trains_again_in_either_fit(tm
     loaded = keras.models.load_model(tmp_path / "model.keras")
     for a, b in zip(loaded.optimizer.variables, model.optimizer.variables, strict=True):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_a_dataset_that_never_ends_needs_steps_per_epoch():
+    endless = tf.data.Dataset.from_tensor_slices((X, Y)).batch(20).repeat()
+    with pytest.raises(kerasfast.PlanError, match=r"x repeats forever .* pass steps_per_epoch="):
+        kerasfast.fit(_model(), endless, epochs=1, run_dir=False, verbose=0)
+    result = kerasfast.fit(_model(), endless, epochs=2, steps_per_epoch=5, run_dir=False, verbose=0)
+    assert len(result.history.history["loss"]) == 2

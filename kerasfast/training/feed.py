@@ -44,11 +44,25 @@ def prepare(run: Run, batch_size: int | None) -> None:
                                           class_weight=feed.class_weight, shuffle=feed.shuffle, seed=run.seed,
                                           repeat=True, on_error=feed.on_error)
         _validate_with(run, batch_size)
+    _refuse_endless_epochs(feed.x, args.steps_per_epoch, args.callbacks)
     if feed.data_service is not None:
         service.check_servable(feed.data_service, feed.x, run.train_data, run.distribution,
                                steps_per_epoch=args.steps_per_epoch, resuming=run.progress is not None,
                                force_resume=args.resume == "force", on_error=feed.on_error)
         service.check_reachable(*service.parse_address(feed.data_service))
+
+
+def _refuse_endless_epochs(x, steps_per_epoch, callbacks) -> None:
+    """Refuses a dataset that never ends (`.repeat()`) without `steps_per_epoch` when no callback could
+    end the run: its first epoch would never end (`model.fit` runs on forever)."""
+    import tensorflow as tf
+
+    if steps_per_epoch is not None or callbacks or not isinstance(x, tf.data.Dataset):
+        return
+    if int(x.cardinality()) == tf.data.INFINITE_CARDINALITY:
+        raise PlanError("x repeats forever (e.g. .repeat() or repeat=True) and steps_per_epoch is not given, so the "
+                        "first epoch would never end: pass steps_per_epoch= (batches per epoch), or a dataset that "
+                        "ends.")
 
 
 def rebatch(run: Run, batch_size: int) -> None:
