@@ -256,6 +256,28 @@ def test_truncated_gzip_file(tmp_path):
     assert got == list(range(len(got))) and 0 < len(got) < 30  # the records before the cut, in order
 
 
+@pytest.mark.parametrize("compression", ["GZIP", "ZLIB"])
+def test_a_compressed_file_cut_short_is_never_read_short(tmp_path, compression):
+    x, y = np.random.default_rng(0).random((50, 64)).astype(np.float32), np.arange(50)
+    written = kd.write_tfrecords((x, y), tmp_path, shards=2, compression=compression, shuffle=False)
+    cut, whole = written.files
+    open(cut, "r+b").truncate(os.path.getsize(cut) // 3)
+    with pytest.raises(DataError, match=re.escape(f"{cut}: is ")):  # the check before reading: its size
+        kd.tfrecord_dataset(tmp_path, batch_size=8)
+    # Without that check, the pass's count: TensorFlow alone read the first records and stopped without an error.
+    promised = re.escape(f"{cut} ends after ") + r"\d+" + re.escape(" of the 25 records that schema.json promises")
+    with pytest.raises(tf.errors.InvalidArgumentError, match=promised):
+        labels(kd.tfrecord_dataset(tmp_path, batch_size=8, shuffle=False, validate="none"))
+    with pytest.warns(UserWarning) as caught:
+        ds = kd.tfrecord_dataset(tmp_path, batch_size=8, shuffle=False, on_error="skip")
+    got = labels(ds)
+    read_of_cut = sum(1 for v in got if v % 2 == 0)  # shard 0 holds the even labels, in order
+    assert 0 < read_of_cut < 25 and got == sorted([*range(0, 2 * read_of_cut, 2), *range(1, 50, 2)])
+    message = str(caught[0].message)
+    assert f"reading {len(got)} of the 50 records schema.json promises, {50 - len(got)} left out" in message
+    assert f"{cut}, record {read_of_cut} (byte offset" in message and whole not in message
+
+
 # -- content that does not match ------------------------------------------
 
 def test_schema_not_matching_the_records(dataset):

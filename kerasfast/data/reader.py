@@ -732,10 +732,14 @@ def _steps_per_epoch(request: _Request, worker_records) -> int | None:
 def _warn_skipped(validation: ValidationReport) -> None:
     """Warns that `on_error="skip"` left records or files out, naming the first few."""
     skipped = validation.problems
-    where = "; ".join(str(p) for p in skipped[:3])
-    warnings.warn(f"on_error='skip': left out {len(skipped)} bad record(s)/file(s) "
-                  f"({validation.num_records - validation.num_good} records known; records after a "
-                  f"truncation point cannot be counted): {where}"
+    where = "; ".join(str(p).rstrip(".") for p in skipped[:3])
+    if validation.promised is not None:
+        counts = (f"reading {validation.num_good} of the {validation.promised} records schema.json promises, "
+                  f"{max(0, validation.promised - validation.num_good)} left out")
+    else:  # without a schema the records after a truncation are not known
+        counts = (f"reading {validation.num_good} records; {validation.num_records - validation.num_good} found "
+                  "bad, and records after a truncation point cannot be counted")
+    warnings.warn(f"on_error='skip': left out {len(skipped)} bad record(s)/file(s) ({counts}): {where}"
                   + (" ..." if len(skipped) > 3 else "") + ". Full list: dataset.kerasfast_info.skipped.",
                   stacklevel=3)  # 3: the caller of tfrecord_dataset
 
