@@ -300,3 +300,18 @@ def test_an_out_dir_that_is_a_file_or_under_one_is_named(tmp_path):
     with pytest.raises(DataError, match=rf"out_dir {afile / 'sub'} cannot be created \(Not a directory\)"):
         kd.write_tfrecords(data, afile / "sub")
     assert afile.read_bytes() == b"not a folder"
+
+
+def test_sources_keras_users_pass_by_habit_are_named_or_read(tmp_path):
+    x, y = np.ones((6, 3), np.float32), np.arange(6)
+    with pytest.raises(DataError, match=r"a tuple of 3 arrays: write_tfrecords takes \(x,\), \(x, y\) or a dict"):
+        kd.write_tfrecords((x, y, np.ones(6)), tmp_path / "weights")  # Keras's (x, y, sample_weight)
+    with pytest.raises(DataError, match=r"'x' is a single value \(0-d\), not one entry per record"):
+        kd.write_tfrecords((np.float32(3.0), np.int64(1)), tmp_path / "scalar")
+    assert not (tmp_path / "weights").exists() and not (tmp_path / "scalar").exists()
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("one\ntwo\n")
+    (corpus / "b.txt").write_text("three\n")
+    files = (str(corpus / "a.txt"), corpus / "b.txt")  # a tuple of paths reads like a list of them
+    assert kd.write_tfrecords(files, tmp_path / "text").num_records == 3

@@ -104,11 +104,16 @@ def open_source(
 def _detect_kind(source: Any) -> str:
     if isinstance(source, Mapping):
         return "arrays"
+    if isinstance(source, (list, tuple)) and source and all(isinstance(p, (str, os.PathLike)) for p in source):
+        return _kind_of_files([os.fspath(p) for p in source], f"the list of {len(source)} files")
     # (x,), (x, y) or (inputs_dict, y); a tuple ending in a dict is a sequence of records.
     if isinstance(source, tuple) and 1 <= len(source) <= 2 and not isinstance(source[-1], Mapping):
         return "arrays"
-    if isinstance(source, list) and source and all(isinstance(p, (str, os.PathLike)) for p in source):
-        return _kind_of_files([os.fspath(p) for p in source], f"the list of {len(source)} files")
+    if isinstance(source, tuple) and not any(isinstance(part, (Mapping, str, os.PathLike)) for part in source):
+        raise DataError(
+            f"a tuple of {len(source)} arrays: write_tfrecords takes (x,), (x, y) or a dict of named arrays "
+            "(e.g. {'x': x, 'y': y, 'weight': w}, with label='y'); Keras's (x, y, sample_weight) has no place "
+            "for the weights in (x, y) records.")
     if type(source).__module__.split(".")[0] == "pandas" and hasattr(source, "columns"):
         return "dataframe"
     if isinstance(source, (str, os.PathLike)):
@@ -204,7 +209,11 @@ def _arrays_source(source, *, shuffle, seed) -> Source:
             columns["y"], label = source[1], "y"
     columns = {str(k): np.asarray(v) for k, v in columns.items()}
     lengths = {k: (len(v) if v.ndim else None) for k, v in columns.items()}
-    if any(n is None for n in lengths.values()) or len(set(lengths.values())) != 1:
+    scalars = [k for k, n in lengths.items() if n is None]
+    if scalars:
+        raise DataError(f"{scalars[0]!r} is a single value (0-d), not one entry per record: pass an array whose "
+                        f"first dimension runs over the records (e.g. np.full(n, value) or value[None]).")
+    if len(set(lengths.values())) != 1:
         raise DataError(f"all arrays need the same first dimension (one entry per record), got lengths {lengths}.")
     n = next(iter(lengths.values()))
 
