@@ -165,6 +165,16 @@ def test_damage_after_the_check_is_named_in_a_users_loop_and_in_model_fit(datase
     assert "on_error='skip'" in explained
 
 
+@pytest.mark.parametrize("damage", [corrupt_data, flip_length], ids=["flipped payload byte", "flipped length header"])
+def test_a_damaged_first_record_is_named_like_any_other(dataset, damage):
+    ds = kd.tfrecord_dataset(dataset, batch_size=4, shuffle=False)
+    damage(shard(dataset, 0), 0)
+    named = re.escape(f"{shard(dataset, 0)} ends after 0 of the 6 records that schema.json promises for it: "
+                      f"record 0 is damaged")
+    with pytest.raises(tf.errors.InvalidArgumentError, match=named):
+        labels(ds)
+
+
 # -- never silently short: every pass counts each file against schema.json ---------
 
 def cut_at_record(path, index):

@@ -215,3 +215,13 @@ def test_the_printed_plan_shows_the_pipeline_as_a_table_of_its_own(written, caps
     assert lines[data] == f"  data: TFRecords {out}, {N} records" == f"  data: {result.data}"
     assert lines[data + 1].startswith("  model: ")
     assert lines[data + 2] == "  input pipeline:" and lines[data + 3].split()[0] == "num_files"
+
+
+def test_reader_stages_benchmark_reads_every_record_in_every_row():
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from benchmarks.reader_stages import main
+
+    runs = main(["--records", "600", "--rounds", "1", "--shards", "4"])  # a row reading short raises
+    assert len(runs) == 9 and all(len(values) == 1 and values[0] > 0 for values in runs.values())

@@ -810,29 +810,39 @@ def _interleaved_records(files, indices, bad, comps, settings: PipelineSettings,
         file_ds = file_ds.shuffle(len(files), seed=file_seed, reshuffle_each_iteration=True)
 
     def read_file(path, first_id, comp, bad, count):
-        def records():
-            return tf.data.TFRecordDataset(path, compression_type=comp, buffer_size=settings.read_buffer_bytes)
-
-        ds = records()
+        records = tf.data.TFRecordDataset(path, compression_type=comp, buffer_size=settings.read_buffer_bytes)
         if promised is not None:
-            # TensorFlow's error for a damaged record (a CRC mismatch, a
-            # truncated record or GZIP stream) names no file; ending the
-            # file's records there instead lets the count check below raise
-            # an error that does. TFRecordDataset moves past the file after a
-            # read error, but retries a failed open, which ignore_errors()
-            # would repeat forever: the first record is read without it, so
-            # a missing or unreadable file fails there, named by TensorFlow.
-            ds = ds.take(1).concatenate(records().skip(1).ignore_errors())
-            padding = tf.strings.join([SHORT_FILE_MARK, _short_file_message(path, count)])
-            ds = ds.concatenate(tf.data.Dataset.from_tensors(padding).repeat()).take(count)
-        ds = ds.enumerate(start=first_id)
+            return _counted_records(path, records, first_id, count, settings.read_block)
+        ids_and_records = records.enumerate(start=first_id)
         if any_bad:
-            ds = ds.filter(lambda i, r: tf.logical_not(tf.reduce_any(tf.equal(i - first_id, bad))))
-        return ds.batch(settings.read_block) if settings.read_block > 1 else ds
+            ids_and_records = ids_and_records.filter(
+                lambda i, r: tf.logical_not(tf.reduce_any(tf.equal(i - first_id, bad))))
+        return ids_and_records.batch(settings.read_block) if settings.read_block > 1 else ids_and_records
 
     return file_ds.interleave(
         read_file, cycle_length=settings.cycle_length, block_length=1,
         num_parallel_calls=_tune(settings.num_parallel_reads), deterministic=settings.deterministic)
+
+
+def _counted_records(path, records, first_id, count, read_block: int):
+    """`(record id, record)` of one file's `records`, exactly `count` of them: a file read short is padded
+    with records carrying its error (see `SHORT_FILE_MARK`), in blocks of `read_block`."""
+    import tensorflow as tf
+
+    # TensorFlow's error for a damaged record (a CRC mismatch, a truncated
+    # record or GZIP stream) names no file; ending the file's records there
+    # instead lets the count check raise an error that does. TFRecordDataset
+    # moves past the file after a read error, but retries a failed open,
+    # which ignore_errors() would repeat forever: reading the file's first
+    # byte, unguarded, fails there instead, named by TensorFlow.
+    opened = tf.data.FixedLengthRecordDataset(path, 1, buffer_size=1).take(1).filter(lambda _: False)
+    padding = tf.data.Dataset.from_tensors(tf.strings.join([SHORT_FILE_MARK, _short_file_message(path, count)]))
+    counted = opened.concatenate(records.ignore_errors()).concatenate(padding.repeat()).take(count)
+    # Exactly `count` records: their ids are a range, paired block by block (cheaper than one by one).
+    ids = tf.data.Dataset.range(first_id, first_id + count)
+    if read_block > 1:
+        return tf.data.Dataset.zip(ids.batch(read_block), counted.batch(read_block))
+    return tf.data.Dataset.zip(ids, counted)
 
 
 def _salvaged_records(reports, indices, settings: PipelineSettings):
