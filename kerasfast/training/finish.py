@@ -31,9 +31,9 @@ def finish_model(run: Run) -> list | None:
     if run.prepared.rebuilt:
         _carry_back(run.train_model, run.prepared.user_model)
     if run.uses_default_optimizer:
-        # The rebuilt copy (returned as `train_model`) settles too, so both hold the same state.
-        for model in {id(m): m for m in (run.prepared.user_model, run.train_model)}.values():
-            _settle_optimizer(model, run.plan)
+        _settle_optimizer(run.prepared.user_model, run.plan)
+        if run.prepared.rebuilt:  # the copy returned as `train_model` holds the same state
+            _settle_optimizer(run.train_model, run.plan)
     return summary
 
 
