@@ -208,3 +208,13 @@ def test_flex_ops_when_allowed_are_kept_but_reported_unverified(tmp_path):
     (row,) = result.rows
     assert not row.verified and "Flex delegate" in row.notes
     assert result.path("tflite_float32").stat().st_size == row.size_bytes > 0
+
+
+def test_callable_module_shows_export_models_signature():
+    # `kerasfast.export(...)` is a module one calls: help and IDEs must see its real arguments.
+    import inspect
+
+    import kerasfast
+
+    assert inspect.signature(kerasfast.export) == inspect.signature(export_model)
+    assert "representative_data" in inspect.signature(kerasfast.export).parameters

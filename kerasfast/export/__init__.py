@@ -40,5 +40,12 @@ class _CallableModule(types.ModuleType):
     def __call__(self, *args, **kwargs):
         return self.export_model(*args, **kwargs)
 
+    @property
+    def __signature__(self):
+        # What `inspect.signature(kerasfast.export)` and IDEs show: export_model's arguments, not (*args, **kwargs).
+        import inspect
+
+        return inspect.signature(self.export_model)
+
 
 sys.modules[__name__].__class__ = _CallableModule
