@@ -237,3 +237,17 @@ def test_fit_with_learning_rate_find_trains_at_the_suggested_rate(tmp_path):
     assert result.plan.reasons["learning_rate"].startswith("found: ")
     assert (tmp_path / "lr_find.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert result.history.history["loss"][-1] < result.history.history["loss"][0]
+
+
+def test_fit_refuses_to_find_a_rate_on_a_generator_training_needs():
+    # The range test would read the generator's batches, which training then never sees.
+    x, y = _regression(n=160)
+
+    def five_batches():
+        for start in range(0, 160, 32):
+            yield x[start:start + 32], y[start:start + 32]
+
+    model = _linear_model()
+    with pytest.raises(PlanError, match="generator's batches are read once"):
+        kerasfast.fit(model, five_batches(), learning_rate="find", epochs=1, run_dir=False, verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 0

@@ -1,6 +1,7 @@
 """`tune=`: candidate plans timed on the user's model; the state put back
 exactly; the choice cached; slow and numerically wrong candidates lose."""
 
+import json
 import time
 
 import keras
@@ -238,3 +239,34 @@ def test_two_workers_train_with_the_chiefs_tuned_plan_and_reuse_the_chiefs_cache
     for worker in second:
         assert worker["measured"] == 0 and worker["chosen"] == first[0]["chosen"]
         assert worker["reason"].startswith("tuned earlier")
+
+
+def _batches(x, y, batch=32):
+    for start in range(0, len(x), batch):
+        yield x[start:start + batch], y[start:start + batch]
+
+
+def test_tuning_a_generator_leaves_training_every_batch():
+    """A generator's batches are read once: tuning times the candidates on its first batch, and training
+    still sees all 12 batches and computes what an untuned run of the chosen plan computes."""
+    x, y = _data(384)
+    options = dict(epochs=1, run_dir=False, verbose=0)
+    tuned_model, plain_model = _mlp(), _mlp()
+    tuned = kerasfast.fit(tuned_model, _batches(x, y), tune="full", tune_budget_s=3, **options)
+    assert len(tuned.plan.tuning) > 1
+    chosen = {name: getattr(tuned.plan, name) for name in tuning.TUNED_FIELDS}
+    plain = kerasfast.fit(plain_model, _batches(x, y), tune="off", **chosen, **options)
+    assert int(tuned_model.optimizer.iterations.numpy()) == int(plain_model.optimizer.iterations.numpy()) == 12
+    assert tuned.history.history == plain.history.history
+
+
+def test_a_cached_choice_runs_at_most_one_epoch_per_execution(private_cache):
+    x, y = _data()
+    kerasfast.fit(_mlp(), x, y, tune="auto", tune_budget_s=3, **FIT)
+    (stored,) = private_cache.glob("plans/*.json")
+    cached = json.loads(stored.read_text())
+    cached["chosen"]["steps_per_execution"] = 64  # as tuned on a run with longer (or unknown) epochs
+    stored.write_text(json.dumps(cached))
+    short = kerasfast.fit(_mlp(), x[:96], y[:96], tune="auto", **FIT)  # 3 steps an epoch
+    assert "tuned earlier: cached in" in short.plan.reasons["steps_per_execution"]
+    assert short.plan.steps_per_execution == 3

@@ -42,6 +42,10 @@ class PreparedData:
         description: One line for the plan and the run folder.
         sample_batch: One whole batch, as the dataset yields it.
         source: "arrays", "tfrecords" or "dataset" (for input advice).
+        replayable: Whether the dataset can be read again from its start;
+            False for a Python generator, whose batches are read once: a
+            phase before training (tuning, the learning-rate range test)
+            must not take any, or training would never see them.
     """
 
     dataset: object
@@ -52,6 +56,7 @@ class PreparedData:
     source: str = "dataset"
     remake: object = None  # f(batch_size, **changes): the same data, batched anew
     pipeline: object = None  # kerasfast's TFRecord `PipelineSettings`, printed as a table of its own
+    replayable: bool = True
 
     def rebatched(self, batch_size: int, **changes) -> "PreparedData":
         """The same data batched by `batch_size` (arrays and TFRecords, which kerasfast batches).
@@ -287,7 +292,8 @@ def _from_adapter(x, class_weight, shuffle, what: str) -> PreparedData:
     facts = DataFacts(batch_size=batch, steps_per_epoch=steps)
     sample_inputs = _unpack(first)[0]
     return PreparedData(dataset, facts, sample_inputs,
-                        f"{kind}, {f'{steps} batches' if steps else 'unknown length'}, batch {batch}", first)
+                        f"{kind}, {f'{steps} batches' if steps else 'unknown length'}, batch {batch}", first,
+                        replayable=getattr(adapter, "py_dataset", None) is not None)  # a PyDataset is indexed
 
 
 def _tfrecords(pattern: str, reading: "_Reading") -> PreparedData:

@@ -85,6 +85,11 @@ def _find_learning_rate(run: Run) -> None:
     if run.distribution.name == "multi_worker":
         raise PlanError("learning_rate='find' runs the range test in one process: run "
                         "kerasfast.find_learning_rate(model, x, y) on one machine first and pass the rate it suggests.")
+    if not run.train_data.replayable:
+        raise PlanError("learning_rate='find' trains its range test on batches of the training data, and a Python "
+                        "generator's batches are read once: training would never see them. Pass the data as arrays, "
+                        "a tf.data.Dataset or a keras.utils.PyDataset, or run kerasfast.find_learning_rate(model, "
+                        "other_generator) first and pass the rate it suggests as learning_rate=.")
     finding = find_learning_rate(run.train_model, run.train_data.dataset, seed=run.seed)
     if finding.suggestion is None:
         raise PlanError(f"learning_rate='find' found no rate to suggest: {finding.reason} Pass learning_rate= "

@@ -32,7 +32,7 @@ def tune(run: Run) -> None:
         cached = _chiefs_choice(run.distribution, cached)  # workers' caches may differ: the chief's decides
     if cached is not None:
         choices, path = cached
-        run.plan = _chosen(plan, fields, choices, f"tuned earlier: cached in {path}")
+        run.plan = _chosen(plan, fields, _within_epoch(choices, plan.steps_per_epoch), f"tuned earlier: cached in {path}")
         return
     budget = tuning.budget_seconds(args.tune, _estimated_run_seconds(run), args.tune_budget_s)
     if budget is None:
@@ -47,7 +47,7 @@ def _measured(run: Run, candidates: list[Plan], budget: float, key: str, fields:
     import tensorflow as tf
 
     distribution = run.distribution
-    batches = run.train_data.dataset.take(2 * max(c.steps_per_execution for c in candidates)).cache()
+    batches = _timing_batches(run.train_data, 2 * max(c.steps_per_execution for c in candidates))
     agree = (lambda flag: chief_value(distribution, float(flag)) > 0.5) if distribution.name == "multi_worker" else None
     tuned = tuning.tune_plan(run.train_model, candidates, run.strategy or tf.distribute.get_strategy(), batches,
                              budget_s=budget, agree=agree)
@@ -65,6 +65,26 @@ def _measured(run: Run, candidates: list[Plan], budget: float, key: str, fields:
     plan = plan.with_choice("tuning", tuple(dataclasses.asdict(row) for row in table), None)
     run.plan = plan.with_choice("tuning_seconds", tuned.seconds, None)
     run.measured = measured
+
+
+def _within_epoch(choices: dict, steps_per_epoch: int | None) -> dict:
+    """A cached choice for this run: steps per execution at most its epoch's steps (the choice may come
+    from a run with longer, or unknown, epochs), as the plan's own rule caps them."""
+    spe = choices.get("steps_per_execution")
+    if steps_per_epoch and spe and spe > steps_per_epoch:
+        return {**choices, "steps_per_execution": steps_per_epoch}
+    return choices
+
+
+def _timing_batches(train_data, count: int):
+    """`count` batches to time the candidates on, without taking any from a stream that is read once."""
+    import tensorflow as tf
+
+    if train_data.replayable:
+        return train_data.dataset.take(count).cache()
+    # A generator's batches are read once: time on its first batch (which Keras's adapter peeked and kept),
+    # since every batch taken here would be one training never sees.
+    return tf.data.Dataset.from_tensors(train_data.sample_batch).repeat(count)
 
 
 def _chosen(plan: Plan, fields: list[str], choices: dict, reason: str) -> Plan:
