@@ -344,6 +344,56 @@ def test_invalid_arguments_are_refused_clearly(dataset):
         kd.tfrecord_dataset(dataset, batch_size=2, label="nope")
 
 
+@pytest.mark.parametrize("arguments, message", [
+    ({"cycle_length": 0}, r"cycle_length=0: pass an integer >= 1"),
+    ({"prefetch": -5}, r"prefetch=-5: pass an integer >= 0"),
+    ({"shuffle_buffer": 2.5}, r"shuffle_buffer=2.5: pass an integer"),
+    ({"repeat": "yes"}, r"repeat='yes': pass False \(one pass\), True \(forever\) or a number of passes"),
+    ({"repeat": 2.5}, r"repeat=2.5"),
+    ({"cache": "disk"}, r"cache='disk' would write cache files named disk\.\* into the working directory"),
+    ({"cache": 3}, r"cache=3: use None, 'memory' or a file path prefix"),
+    ({"worker_index": 1}, r"worker_index=1 needs num_workers= too"),
+    ({"batch_size": 64, "drop_remainder": True}, r"drops all 12 records this pipeline reads"),
+], ids=["cycle_length", "prefetch", "shuffle_buffer", "repeat word", "repeat fraction", "cache bare name",
+        "cache number", "worker_index alone", "drop every record"])
+def test_bad_reading_arguments_name_themselves_before_reading(dataset, arguments, message):
+    with pytest.raises(DataError, match=message):
+        kd.tfrecord_dataset(dataset, **{"batch_size": 4, **arguments})
+
+
+def test_numpy_counts_are_taken_as_keras_takes_them(dataset):
+    ds = kd.tfrecord_dataset(dataset, batch_size=np.int64(5), cycle_length=np.int32(2), repeat=np.int64(2),
+                             shuffle=False)
+    assert ds.kerasfast_info.settings.batch_size == 5 and isinstance(ds.kerasfast_info.settings.batch_size, int)
+    assert labels(ds) == sorted(list(range(N)) * 2)
+
+
+def test_a_file_cache_is_never_served_after_the_dataset_is_written_again(tmp_path):
+    # TensorFlow reuses a complete cache by its prefix alone: each version of the files gets a prefix of its own.
+    folder, cache = tmp_path / "ds", tmp_path / "cache" / "train"
+    x = np.zeros((10, 2), np.float32)
+    kd.write_tfrecords((x, np.arange(10)), folder, shards=2)
+    assert labels(kd.tfrecord_dataset(folder, batch_size=4, cache=str(cache))) == list(range(10))
+    kd.write_tfrecords((x, np.arange(10) + 100), folder, shards=2)
+    again = kd.tfrecord_dataset(folder, batch_size=4, cache=str(cache))
+    assert labels(again) == list(range(100, 110))
+    assert again.kerasfast_info.settings.cache.startswith(f"{cache}.kf-")
+    assert labels(again) == list(range(100, 110))  # the second pass reads the new cache
+
+
+@pytest.mark.parametrize("records, message", [
+    ([np.int8(1), np.int8(2), 1000], r"record 2 feature 'v' holds 1000, which the first record's int8 cannot hold"),
+    ([np.int16(1), np.array([2, 70000])[1]], r"record 1 feature 'v' holds 70000, which the first record's int16"),
+    ([np.array([0.5, 1], np.float16), np.array([1e6, 0.1])],
+     r"record 1 feature 'v' holds 1000000.0, which the first record's float16 cannot hold"),
+    ([[1, 2], [[1, 2], [3]]], r"record 1 feature 'v' is not a rectangular array"),
+], ids=["int8 wraps", "int16 wraps", "float16 overflows", "ragged"])
+def test_a_value_the_first_records_feature_cannot_hold_is_refused(tmp_path, records, message):
+    with pytest.raises(DataError, match=message):
+        kd.write_tfrecords(iter([{"v": value, "label": 0} for value in records]), tmp_path / "out", shards=1)
+    assert not (tmp_path / "out").exists()
+
+
 # -- counts against the schema, locating damage after TensorFlow failed ---------
 
 def drop_key(path, index, key="x"):

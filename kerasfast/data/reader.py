@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 import os
 import warnings
@@ -209,6 +211,9 @@ def _worker_layout(num_workers, worker_index, input_context) -> tuple:
         if num_workers is not None or worker_index is not None:
             raise DataError("pass either input_context or num_workers/worker_index, not both.")
         return int(input_context.num_input_pipelines), int(input_context.input_pipeline_id)
+    if worker_index is not None and num_workers is None:
+        raise DataError(f"worker_index={worker_index!r} needs num_workers= too (the number of input pipelines), "
+                        "or pass input_context=.")
     num_workers = 1 if num_workers is None else int(num_workers)
     worker_index = 0 if worker_index is None else int(worker_index)
     if num_workers < 1 or not 0 <= worker_index < num_workers:
@@ -356,6 +361,10 @@ def tfrecord_dataset(
     checked = _check_files(sharding.files, resolved, request, elements.decode)
     counts = _count_records(resolved, sharding, checked.validation)
     request, reasons = _resolve_auto(request, sharding, resolved, counts.worker)
+    if request.cache not in (None, "memory"):
+        request = dataclasses.replace(request, cache=_versioned_cache(request, sharding, checked, resolved))
+        reasons["cache"] = ("caches serialized records: files are read and decompressed once; the prefix names "
+                            "this version of the files, so a re-written dataset is cached anew")
     settings = _pipeline_settings(request, sharding, checked.comps, reasons)
 
     promised = _promised_counts(sharding.files, resolved.expected, checked)
@@ -386,11 +395,22 @@ def tfrecord_dataset(
 
 # -- arguments and features ---------------------------------------------------
 
+# Counts given as numbers of things (None: chosen or autotuned), with the least each may be.
+_COUNTS = (("cycle_length", 1), ("read_block", 1), ("num_parallel_reads", 1), ("shuffle_buffer", 0),
+           ("parse_parallelism", 1), ("prefetch", 0), ("read_buffer_bytes", 1))
+
+
+def _whole_number(value) -> bool:
+    import numpy as np
+
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
 def _checked_request(request: _Request) -> _Request:
-    """Refuses bad arguments that need no file to judge; fills in the default of `validate`."""
-    batch_size, on_error, validate, cache = request.batch_size, request.on_error, request.validate, request.cache
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise DataError(f"batch_size={batch_size!r}: pass a positive integer.")
+    """Refuses bad arguments that need no file to judge; fills in the default of `validate`; NumPy integers
+    become Python ints."""
+    on_error, validate = request.on_error, request.validate
+    request = dataclasses.replace(request, **_checked_counts(request), cache=_checked_cache(request.cache))
     if on_error not in ON_ERROR:
         raise DataError(f"on_error={on_error!r}: use 'raise' or 'skip'.")
     if validate is None:
@@ -400,9 +420,40 @@ def _checked_request(request: _Request) -> _Request:
     if on_error == "skip" and validate != "full":
         raise DataError("on_error='skip' reads every record once to find the bad ones; use validate='full' "
                         "(the default with on_error='skip').")
-    if cache is not None and not isinstance(cache, str):
-        raise DataError(f"cache={cache!r}: use None, 'memory' or a file path prefix.")
     return dataclasses.replace(request, validate=validate)
+
+
+def _checked_counts(request: _Request) -> dict:
+    """The count arguments given, as Python ints; refuses one that is not a whole number in range."""
+    batch_size = request.batch_size
+    if not _whole_number(batch_size) or batch_size < 1:
+        raise DataError(f"batch_size={batch_size!r}: pass a positive integer.")
+    counts = {"batch_size": int(batch_size)}
+    for name, least in _COUNTS:
+        value = getattr(request, name)
+        if value is None:
+            continue
+        if not _whole_number(value) or value < least:
+            raise DataError(f"{name}={value!r}: pass an integer >= {least}, or leave it unset to have it chosen.")
+        counts[name] = int(value)
+    repeat = request.repeat
+    if not isinstance(repeat, bool) and not (_whole_number(repeat) and repeat >= 1):
+        raise DataError(f"repeat={repeat!r}: pass False (one pass), True (forever) or a number of passes >= 1.")
+    return counts
+
+
+def _checked_cache(cache):
+    """`cache` as given, or a file path prefix as a string; refuses what would leave files where no one
+    looks for them."""
+    if cache is None or cache == "memory":
+        return cache
+    if not isinstance(cache, (str, os.PathLike)):
+        raise DataError(f"cache={cache!r}: use None, 'memory' or a file path prefix.")
+    cache = os.fspath(cache)
+    if not os.path.dirname(cache):
+        raise DataError(f"cache={cache!r} would write cache files named {cache}.* into the working directory: pass "
+                        f"cache='memory', or a file path prefix in a folder, e.g. cache='cache/{cache}'.")
+    return cache
 
 
 def _elements(resolved, label, image_size) -> _Elements:
@@ -631,6 +682,39 @@ def _read_stage(sharding: _Sharding, checked: _Checked, settings: PipelineSettin
     return records
 
 
+def _versioned_cache(request: _Request, sharding: _Sharding, checked: _Checked, resolved) -> str:
+    """The file cache's prefix for these files as they are now, its folder made.
+
+    TensorFlow reuses a complete cache found under its prefix without
+    looking at the files it came from, so a re-written dataset would be read
+    as its old records: the prefix gets a digest of what the cached records
+    depend on (each file's path, size and modification time, schema.json's,
+    the worker's share, the blocks and the records left out).
+    """
+    def stat(path):
+        try:
+            info = os.stat(path)
+        except OSError:
+            return [os.path.abspath(path), None, None]
+        return [os.path.abspath(path), info.st_size, info.st_mtime_ns]
+
+    validation = checked.validation
+    facts = {
+        "files": [stat(f) for f in sharding.files], "schema": stat(resolved.schema_path) if resolved.schema_path else None,
+        "share": [sharding.mode, sharding.num_workers, sharding.worker_index], "read_block": request.read_block,
+        "compression": [checked.comps.get(f) for f in sharding.files],
+        "left_out": [str(p) for p in validation.problems] if validation is not None else None,
+    }
+    digest = hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
+    folder = os.path.dirname(request.cache)
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as error:
+        raise DataError(f"cache={request.cache!r}: cannot make its folder {folder} ({error}); pass a prefix in a "
+                        "folder you can write, or cache='memory'.") from error
+    return f"{request.cache}.kf-{digest}"
+
+
 def _batch_stage(records, request: _Request):
     """Shuffles, repeats and batches `(record id, serialized record)` pairs."""
     # `records` holds blocks of `read_block` records when read_block > 1.
@@ -725,6 +809,10 @@ def _steps_per_epoch(request: _Request, worker_records) -> int | None:
     if worker_records is None or request.repeat:
         return None
     if request.drop_remainder:
+        if worker_records < request.batch_size:
+            raise DataError(f"drop_remainder=True with batch_size={request.batch_size} drops all {worker_records} "
+                            "records this pipeline reads (fewer than one batch): pass a smaller batch_size, or "
+                            "drop_remainder=False.")
         return worker_records // request.batch_size
     return math.ceil(worker_records / request.batch_size)
 

@@ -523,6 +523,35 @@ class _RecordMismatch(Exception):
     """A record whose features do not match the first record's."""
 
 
+def _as_array(name, value, error, location: str = "") -> np.ndarray:
+    """`value` as a NumPy array; a nested list of uneven lengths (ragged) is refused naming the feature."""
+    try:
+        return np.asarray(value)
+    except ValueError as exc:
+        where = f"{location}: " if location else ""
+        raise error(f"{where}feature {name!r} is not a rectangular array ({exc}); every record's feature needs "
+                    "one fixed shape: pad the lists to one length") from None
+
+
+def _narrowed(f: FeatureSchema, arr: np.ndarray, target: np.dtype) -> np.ndarray:
+    """`arr` in the feature's dtype, the first record's; refuses a value that dtype cannot hold (an int8
+    feature given 1000 would wrap to -24, a float16 one given 1e6 would become inf), where a float's
+    rounding is the stored dtype's precision."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        cast = arr.astype(target)
+        if target.kind == "f":
+            lost = np.isfinite(arr) & ~np.isfinite(cast)
+        else:
+            lost = cast.astype(arr.dtype) != arr
+    if np.any(lost):
+        value = arr[lost].flat[0] if arr.ndim else arr.item()
+        raise _RecordMismatch(
+            f"feature {f.name!r} holds {value}, which the first record's {f.dtype} cannot hold; give the first "
+            f"record the dtype every record fits (e.g. np.asarray(value, {arr.dtype.name!r})) or convert the "
+            "source's values to one dtype")
+    return cast
+
+
 class _RecordEncoder:
     """Infers the features from the first record and serialises every record.
 
@@ -570,7 +599,7 @@ class _RecordEncoder:
             return FeatureSchema(name, "uint8", value.shape, value.format)
         if isinstance(value, (str, bytes)):
             return FeatureSchema(name, "string", (), "bytes")
-        arr = np.asarray(value)
+        arr = _as_array(name, value, DataError, location)
         if arr.dtype.kind in "USO":
             if arr.ndim == 0 and arr.dtype.kind in "US":
                 return FeatureSchema(name, "string", (), "bytes")
@@ -613,7 +642,7 @@ class _RecordEncoder:
             if not isinstance(value, bytes):
                 raise _RecordMismatch(f"feature {f.name!r} is a {type(value).__name__}, the first record had a string")
             return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
-        arr = np.asarray(value)
+        arr = _as_array(f.name, value, _RecordMismatch)
         if arr.shape != f.shape:
             raise _RecordMismatch(f"feature {f.name!r} has shape {arr.shape}, the first record had {f.shape}; all "
                                   f"records need the same shape (pad or resize them)")
@@ -621,7 +650,7 @@ class _RecordEncoder:
         if arr.dtype != target:
             if not np.can_cast(arr.dtype, target, casting="same_kind") or arr.dtype.kind in "USO":
                 raise _RecordMismatch(f"feature {f.name!r} is {arr.dtype}, the first record had {f.dtype}")
-            arr = arr.astype(target)
+            arr = _narrowed(f, arr, target)
         if f.encoding == "int64":
             return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(arr)]))
         if f.encoding == "float":
