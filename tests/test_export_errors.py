@@ -110,7 +110,10 @@ def test_bad_eval_data_is_refused(previous_export):
     ("sparse_categorical_crossentropy", np.eye(3)[[0, 1, 2, 0]], r"labels \(shape \(4, 3\), dtype float64\)"),
     ("sparse_categorical_crossentropy", np.array([0, 1, 2, 3]), r"Received a label value of 3"),
     ("categorical_crossentropy", np.array([0, 1, 2, 0]), r"loss categorical_crossentropy"),
-], ids=["one-hot for a sparse loss", "a class id beyond the outputs", "class ids for a categorical loss"])
+    ("sparse_categorical_crossentropy", np.array(["a", "b", "c", "a"]),
+     r"labels have dtype <U1 \(e.g. 'a'\).*integer class ids or one-hot rows"),
+], ids=["one-hot for a sparse loss", "a class id beyond the outputs", "class ids for a categorical loss",
+        "strings"])
 def test_eval_labels_the_loss_cannot_take_are_refused(previous_export, loss, labels, message):
     model = small_model()
     model.compile("sgd", keras.losses.get(loss) if loss == "categorical_crossentropy" else loss)
@@ -218,3 +221,100 @@ def test_callable_module_shows_export_models_signature():
 
     assert inspect.signature(kerasfast.export) == inspect.signature(export_model)
     assert "representative_data" in inspect.signature(kerasfast.export).parameters
+
+
+def token_model():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((5,), dtype="int32")
+    embedded = keras.layers.Embedding(20, 4, name="tokens")(inputs)
+    outputs = keras.layers.Dense(2, name="out")(keras.layers.GlobalAveragePooling1D()(embedded))
+    return keras.Model(inputs, outputs)
+
+
+@pytest.mark.parametrize("argument, bad_id", [("eval_data", 1017), ("eval_data", -3), ("representative_data", 20)])
+def test_token_ids_outside_the_embedding_vocabulary_are_refused(previous_export, argument, bad_id):
+    ids = np.ones((4, 5), "int32")
+    ids[2, 3] = bad_id
+    data = {"eval_data": (ids, np.zeros(4, "int32"))} if argument == "eval_data" else {argument: ids}
+    with pytest.raises(DataError, match=rf"{argument}( x)? holds token id {bad_id} \(sample 2\) outside the "
+                       r"vocabulary of Embedding layer 'tokens' \(input_dim=20: ids 0 to 19\)"):
+        export_model(token_model(), previous_export, formats=["tflite_float32"], **data)
+    assert_untouched(previous_export)
+
+
+@pytest.mark.parametrize("arguments", [
+    {"num_comparison_samples": 0}, {"num_calibration_samples": 0}, {"num_calibration_samples": 2.5},
+    {"num_comparison_samples": True},
+], ids=str)
+def test_sample_counts_that_are_not_positive_integers_are_refused(previous_export, arguments):
+    (argument, value), = arguments.items()
+    with pytest.raises(ExportError, match=rf"{argument} must be a positive integer .*got {value!r}"):
+        export_model(small_model(), previous_export, formats=["tflite_int8"],
+                     representative_data=np.zeros((8, 6), "float32"), **arguments)
+    assert_untouched(previous_export)
+
+
+@pytest.mark.parametrize("as_path", [str, lambda p: p], ids=["str", "Path"])
+def test_a_path_given_as_the_model_is_refused_suggesting_load_model(previous_export, as_path):
+    saved = as_path(previous_export / "model.keras")
+    with pytest.raises(ExportError, match=r"model must be a keras.Model object, not the path '.*model.keras'; "
+                       r"load it first: model = keras.models.load_model\("):
+        export_model(saved, previous_export, formats=["keras"])
+    assert_untouched(previous_export)
+
+
+def test_out_dir_none_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ExportError, match=r"out_dir must be the path of a folder .*got None"):
+        export_model(small_model(), None, formats=["keras"])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_varying_sample_shapes_across_batches_are_refused(previous_export):
+    inputs = keras.Input((None, 4))
+    model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.GlobalAveragePooling1D()(inputs)))
+    batches = tf.data.Dataset.from_generator(
+        lambda: iter([np.zeros((2, 5, 4), "float32"), np.zeros((2, 7, 4), "float32")]),
+        output_signature=tf.TensorSpec((None, None, 4), tf.float32))
+    with pytest.raises(DataError, match=r"representative_data's batches hold samples of different shapes "
+                       r"\[\(5, 4\), \(7, 4\)\].*padded_batch"):
+        export_model(model, previous_export, formats=["tflite_int8"], representative_data=batches)
+    assert_untouched(previous_export)
+
+
+def test_variable_length_input_exports_to_tflite_int8(tmp_path):
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((None, 4))
+    model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.GlobalAveragePooling1D()(inputs)))
+    x = np.random.default_rng(0).normal(size=(20, 5, 4)).astype("float32")
+    result = export_model(model, tmp_path / "out", formats=["tflite_float32", "tflite_int8"], representative_data=x)
+    assert all(row.verified and row.latency_ms > 0 for row in result.rows)
+
+
+def fitted_small_model():
+    model = small_model()
+    model.compile("sgd", "sparse_categorical_crossentropy")
+    return model
+
+
+def test_unbatched_datasets_are_read_sample_by_sample(tmp_path):
+    x = np.random.default_rng(0).normal(size=(10, 6)).astype("float32")
+    y = np.array([0, 1, 2, 0, 1, 2, 0, 1, 2, 0])
+    batched = export_model(fitted_small_model(), tmp_path / "batched", formats=["keras"], eval_data=(x, y),
+                           representative_data=x)
+    unbatched = export_model(fitted_small_model(), tmp_path / "unbatched", formats=["keras"],
+                             eval_data=tf.data.Dataset.from_tensor_slices((x, y)),
+                             representative_data=tf.data.Dataset.from_tensor_slices(x))
+    report = json.loads((unbatched.out_dir / "report.json").read_text())
+    assert (report["eval_samples"], report["calibration_samples"]) == (10, 10)
+    assert unbatched.rows[0].accuracy == batched.rows[0].accuracy is not None
+    assert unbatched.rows[0].loss == pytest.approx(batched.rows[0].loss)
+
+
+@pytest.mark.parametrize("make", [
+    lambda x: x.tolist(), lambda x: list(x), lambda x: [x, np.zeros(len(x))], lambda x: (x, np.zeros(len(x))),
+], ids=["list of lists", "list of sample arrays", "[x, y] list", "(x, y) tuple"])
+def test_representative_data_as_python_lists_is_read_as_samples(tmp_path, make):
+    x = np.random.default_rng(0).normal(size=(10, 6)).astype("float32")
+    result = export_model(small_model(), tmp_path / "out", formats=["keras"], representative_data=make(x))
+    assert json.loads((result.out_dir / "report.json").read_text())["calibration_samples"] == 10

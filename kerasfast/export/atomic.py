@@ -61,6 +61,10 @@ def check_writable_destination(out_dir) -> Path:
     Raises:
         ExportError: naming the path and the reason.
     """
+    if not isinstance(out_dir, (str, os.PathLike)) or not str(out_dir).strip():
+        raise ExportError(
+            f"out_dir must be the path of a folder to export into (a str or pathlib.Path); got {out_dir!r}."
+        )
     out_dir = Path(out_dir).expanduser().absolute()
     if out_dir.exists() and not out_dir.is_dir():
         raise ExportError(f"out_dir {out_dir} exists and is a file, not a folder; pick another out_dir.")

@@ -112,10 +112,12 @@ def export_model(
             Default: all but "saved_model_int8" and the ONNX ones, with
             "tflite_int8" only when `representative_data` is given.
         representative_data: inputs for int8 calibration (a few hundred
-            training samples): array, `(x, y)` tuple or `tf.data.Dataset`.
+            training samples): array (or nested lists), `(x, y)` tuple or
+            `tf.data.Dataset` (batched or of single samples).
             "onnx_int8" is static (calibrated) int8 with them, dynamic
             (int8 weights only) without.
-        eval_data: `(x, y)` or a dataset of `(x, y)` batches: accuracy and
+        eval_data: `(x, y)` or a dataset of `(x, y)` batches (or single
+            `(x, y)` samples, i.e. not yet `.batch(n)`-ed): accuracy and
             loss per artifact, computed from each artifact's own outputs.
         int8_input_output: for "tflite_int8", int8 input and output tensors
             instead of float ones.
@@ -154,6 +156,8 @@ def export_model(
     | format | file | size (KB) | ...
     ...
     """
+    num_calibration_samples = preflight.check_positive_int(num_calibration_samples, "num_calibration_samples")
+    num_comparison_samples = preflight.check_positive_int(num_comparison_samples, "num_comparison_samples")
     checked = _preflight(model, out_dir, formats, representative_data, eval_data,
                          num_calibration_samples=num_calibration_samples, overwrite=overwrite)
     job = _prepare(model, checked, num_comparison_samples, int8_input_output=int8_input_output,
@@ -229,6 +233,7 @@ class _Built:
 def _preflight(model, out_dir, formats, representative_data, eval_data, *, num_calibration_samples,
                overwrite) -> _Checked:
     """Refuses bad arguments, cheapest checks first, writing nothing."""
+    preflight.check_model_object(model)
     destination = check_writable_destination(out_dir)
     chosen = preflight.resolve_formats(formats, representative_data is not None)
     if any(FORMATS[f].is_onnx for f in chosen):
@@ -241,6 +246,8 @@ def _preflight(model, out_dir, formats, representative_data, eval_data, *, num_c
         representative_data, signature, argument="representative_data", limit=num_calibration_samples
     )
     evaluation = preflight.check_eval_data(eval_data, signature)
+    preflight.check_token_ids(model, calibration, "representative_data")
+    preflight.check_token_ids(model, None if evaluation is None else evaluation[0], "eval_data x")
     preflight.check_eval_labels(model, evaluation, model_loss_fn(model))
     if "keras" in chosen:
         preflight.check_keras_serializable(model)

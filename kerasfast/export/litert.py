@@ -44,7 +44,9 @@ class LiteRTModel:
                 self._interpreter.allocate_tensors()
         except Exception as error:
             raise ExportError(f"LiteRT cannot load the .tflite file: {str(error).strip()[:500]}") from error
-        self._batch = None
+        self._shape = None
+        details = self.input_details
+        self._signature = [int(d) for d in details.get("shape_signature", details["shape"])]
 
     @property
     def input_details(self):
@@ -54,18 +56,35 @@ class LiteRTModel:
     def output_details(self):
         return self._interpreter.get_output_details()[0]
 
-    def _resize(self, batch):
-        if batch != self._batch:
-            shape = list(self.input_details["shape"])
-            shape[0] = batch
+    def _resize(self, sample_shape, batch):
+        """Sizes the input for `batch` samples of `sample_shape`.
+
+        Dimensions the file leaves open (-1 in its shape signature, e.g. a
+        variable sequence length) take the sample's size; fixed ones keep
+        the file's, so a wrong sample shape fails in set_tensor, named.
+        """
+        details = self.input_details
+        shape = [batch] + [int(given) if fixed < 0 else int(fixed)
+                           for fixed, given in zip(self._signature[1:], sample_shape, strict=False)]
+        if shape != self._shape:
             try:
-                self._interpreter.resize_tensor_input(self.input_details["index"], shape)
+                self._interpreter.resize_tensor_input(details["index"], shape)
                 self._interpreter.allocate_tensors()
             except (RuntimeError, ValueError) as error:
                 raise ExportError(
-                    f"LiteRT cannot run the .tflite file at batch size {batch}: {str(error).strip()[:500]}"
+                    f"LiteRT cannot run the .tflite file on inputs of shape {tuple(shape)}: "
+                    f"{str(error).strip()[:500]}"
                 ) from error
-            self._batch = batch
+            self._shape = shape
+
+    def _set_input(self, x):
+        try:
+            self._interpreter.set_tensor(self.input_details["index"], self._quantize_input(x))
+        except ValueError as error:
+            raise ExportError(
+                f"LiteRT cannot take inputs of shape {x.shape} (the .tflite input is "
+                f"{tuple(int(d) for d in self._signature)}, -1 open): {str(error).strip()[:300]}"
+            ) from error
 
     def _quantize_input(self, x):
         details = self.input_details
@@ -87,8 +106,8 @@ class LiteRTModel:
         outputs = []
         for start in range(0, len(x), batch_size):
             chunk = x[start : start + batch_size]
-            self._resize(len(chunk))
-            self._interpreter.set_tensor(self.input_details["index"], self._quantize_input(chunk))
+            self._resize(chunk.shape[1:], len(chunk))
+            self._set_input(chunk)
             try:
                 self._interpreter.invoke()
             except (RuntimeError, ValueError) as error:
@@ -98,7 +117,7 @@ class LiteRTModel:
 
     def latency_ms_per_sample(self, sample: np.ndarray, *, warmup: int = 5, min_runs: int = 30, budget_s: float = 0.5):
         """Median milliseconds of one batch-1 invocation."""
-        self._resize(1)
+        self._resize(sample.shape, 1)
         quantized = self._quantize_input(sample[None, ...])
         index = self.input_details["index"]
         for _ in range(warmup):

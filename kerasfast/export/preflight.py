@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
+import os
 
 import keras
 import numpy as np
@@ -48,6 +50,26 @@ def resolve_formats(formats, has_representative_data: bool) -> list[str]:
             "(a few hundred training inputs, shaped like the model input)."
         )
     return list(dict.fromkeys(chosen))
+
+
+def check_positive_int(value, argument: str) -> int:
+    """`value` as an int, refusing anything but a positive integer."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ExportError(f"{argument} must be a positive integer (a number of samples); got {value!r}.")
+    return int(value)
+
+
+def check_model_object(model) -> None:
+    """Refuses a path or other non-model passed as the model."""
+    if isinstance(model, (str, os.PathLike)):
+        raise ExportError(
+            f"model must be a keras.Model object, not the path {str(model)!r}; load it first: "
+            f"model = keras.models.load_model({str(model)!r}), then export that."
+        )
+    if not isinstance(model, keras.Model):
+        raise ExportError(
+            f"model must be a built keras.Model (Functional or Sequential); got {type(model).__name__}."
+        )
 
 
 def model_signature(model) -> ModelSignature:
@@ -168,23 +190,60 @@ def check_keras_int8_quantizable(model) -> list[str]:
     return left_in_float
 
 
-def _take_inputs(data, limit, argument):
+def _ndim(value) -> int:
+    try:
+        return np.ndim(value)
+    except ValueError:  # ragged nested lists
+        return -1
+
+
+def _dataset_batches(dataset, argument: str, sample_rank: int, limit: int, *, with_labels: bool):
+    """(input batches, label batches) of a dataset, up to about `limit` samples.
+
+    A dataset not yet batched (`from_tensor_slices` without `.batch(n)`)
+    yields single samples; each is taken as a batch of one.
+    """
+    xs, ys, count = [], [], 0
+    for element in dataset:
+        parts = element if isinstance(element, (tuple, list)) else (element,)
+        if with_labels and len(parts) < 2:
+            raise DataError(f"{argument} dataset must yield (x, y) pairs (batched or single samples).")
+        if isinstance(parts[0], dict):
+            raise DataError(f"{argument} yields dicts; single-input export takes inputs as arrays.")
+        x = np.asarray(parts[0])
+        single = x.ndim == sample_rank
+        xs.append(x[None, ...] if single else x)
+        if with_labels:
+            ys.append(np.asarray(parts[1])[None, ...] if single else np.asarray(parts[1]))
+        count += len(xs[-1]) if xs[-1].ndim else 1
+        if count >= limit:
+            break
+    if not xs:
+        raise DataError(f"{argument} is an empty dataset; pass a few hundred input samples.")
+    return xs, ys
+
+
+def _concatenate(batches, argument: str) -> np.ndarray:
+    try:
+        return np.concatenate(batches)
+    except ValueError as error:
+        shapes = sorted({tuple(b.shape[1:]) for b in batches})[:3]
+        raise DataError(
+            f"{argument}'s batches hold samples of different shapes {shapes}; pad them to one shape "
+            "(e.g. dataset.padded_batch(n)) or pass one array."
+        ) from error
+
+
+def _take_inputs(data, limit, argument, sample_rank):
     """First `limit` input samples of arrays / (x, y) tuples / datasets."""
     if data is None:
         return None
     if isinstance(data, tf.data.Dataset):
-        chunks, count = [], 0
-        for element in data:
-            x = element[0] if isinstance(element, (tuple, list)) else element
-            x = np.asarray(x)
-            chunks.append(x)
-            count += len(x) if x.ndim else 1
-            if count >= limit:
-                break
-        if not chunks:
-            raise DataError(f"{argument} is an empty dataset; pass a few hundred input samples.")
-        return np.concatenate(chunks)[:limit]
-    if isinstance(data, (tuple, list)):
+        xs, _ = _dataset_batches(data, argument, sample_rank, limit, with_labels=False)
+        return _concatenate(xs, argument)[:limit]
+    # A tuple, or a list starting with a whole batch, is (x, y); any other
+    # list (e.g. x.tolist()) holds the samples themselves.
+    if isinstance(data, tuple) or (isinstance(data, list) and data and _ndim(data[0]) > sample_rank):
         data = data[0]
     if isinstance(data, dict):
         raise DataError(f"{argument} is a dict; single-input export takes an array of inputs.")
@@ -201,7 +260,7 @@ def check_inputs(data, signature: ModelSignature, *, argument: str, limit: int) 
     Raises:
         DataError: empty data, wrong shape or wrong kind of dtype.
     """
-    array = _take_inputs(data, limit, argument)
+    array = _take_inputs(data, limit, argument, len(signature.input_shape))
     if array is None:
         return None
     if array.ndim == 0 or len(array) == 0:
@@ -234,15 +293,8 @@ def check_eval_data(eval_data, signature: ModelSignature, limit: int = 100_000):
     if eval_data is None:
         return None
     if isinstance(eval_data, tf.data.Dataset):
-        xs, ys = [], []
-        for element in eval_data:
-            if not isinstance(element, (tuple, list)) or len(element) < 2:
-                raise DataError("eval_data dataset must yield (x, y) batches.")
-            xs.append(np.asarray(element[0]))
-            ys.append(np.asarray(element[1]))
-        if not xs:
-            raise DataError("eval_data is an empty dataset.")
-        x, y = np.concatenate(xs), np.concatenate(ys)
+        xs, ys = _dataset_batches(eval_data, "eval_data", len(signature.input_shape), limit, with_labels=True)
+        x, y = _concatenate(xs, "eval_data"), _concatenate(ys, "eval_data labels")
     elif isinstance(eval_data, (tuple, list)) and len(eval_data) == 2:
         x, y = np.asarray(eval_data[0]), np.asarray(eval_data[1])
     else:
@@ -251,7 +303,46 @@ def check_eval_data(eval_data, signature: ModelSignature, limit: int = 100_000):
     y = y[:limit]
     if len(y) != len(x):
         raise DataError(f"eval_data has {len(x)} inputs but {len(y)} labels.")
+    if y.dtype.kind not in ("f", "i", "u", "b"):
+        raise DataError(
+            f"eval_data's labels have dtype {y.dtype} (e.g. {str(y.flat[0])!r}); pass them as the model was trained "
+            "on them: integer class ids or one-hot rows (map label names to ids first, e.g. with "
+            "np.unique(y, return_inverse=True))."
+        )
     return x, y
+
+
+def _input_embeddings(model) -> list:
+    """Embedding layers fed the model input directly: its values are their ids."""
+    source = model.inputs[0]
+    found = []
+    for layer in model.layers:
+        try:
+            if isinstance(layer, keras.layers.Embedding) and layer.input is source:
+                found.append(layer)
+        except (AttributeError, ValueError):  # a layer shared across calls has no single input
+            continue
+    return found
+
+
+def check_token_ids(model, array, argument: str) -> None:
+    """Refuses ids outside the vocabulary of an Embedding the input feeds.
+
+    TensorFlow would fail deep inside the gather (on CPU) or silently return
+    zeros (on GPU); both hide which data was wrong.
+    """
+    if array is None or array.dtype.kind not in ("i", "u"):
+        return
+    for layer in _input_embeddings(model):
+        bad = (array < 0) | (array >= layer.input_dim)
+        if np.any(bad):
+            position = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise DataError(
+                f"{argument} holds token id {array[position]} (sample {position[0]}) outside the vocabulary of "
+                f"Embedding layer '{layer.name}' (input_dim={layer.input_dim}: ids 0 to {layer.input_dim - 1}). "
+                "Map out-of-vocabulary tokens to an id below input_dim, or pass data tokenised with the "
+                "vocabulary the model was built for."
+            )
 
 
 def check_eval_labels(model, evaluation, loss_fn, chunk: int = 8192) -> None:
