@@ -531,3 +531,9 @@ def test_schema_naming_files_outside_its_folder_is_refused(dataset, entry):
         kd.tfrecord_dataset(dataset, batch_size=2)
     with pytest.raises(DataError, match=pattern):
         kd.check_tfrecords(str(dataset / "*.tfrecord"))
+
+
+def test_record_keys_that_become_one_feature_name_are_refused(tmp_path):
+    with pytest.raises(DataError, match=r"keys \[0, '0'\] all become the feature name\(s\) \['0'\]"):
+        kd.write_tfrecords(iter([{0: 1.0, "0": 2.0, "label": 0}]), tmp_path / "out", shards=1)
+    assert not (tmp_path / "out").exists()

@@ -315,3 +315,102 @@ def test_sources_keras_users_pass_by_habit_are_named_or_read(tmp_path):
     (corpus / "b.txt").write_text("three\n")
     files = (str(corpus / "a.txt"), corpus / "b.txt")  # a tuple of paths reads like a list of them
     assert kd.write_tfrecords(files, tmp_path / "text").num_records == 3
+
+
+def test_image_folder_with_alpha_and_grayscale_images_reads_back_as_rgb(tmp_path):
+    rng = np.random.default_rng(3)
+    photo, rgba, gray = (rng.integers(0, 256, (6, 5, c), dtype=np.uint8) for c in (3, 4, 1))
+    _write_image(tmp_path / "src" / "a" / "photo.jpg", photo, "jpeg")
+    _write_image(tmp_path / "src" / "b" / "icon.png", rgba, "png")  # TensorFlow decodes no JPEG with 4 channels
+    _write_image(tmp_path / "src" / "c" / "scan.png", gray, "png")
+    result = kd.write_tfrecords(str(tmp_path / "src"), tmp_path / "out", shards=1)
+    assert result.schema.feature("image").shape == (6, 5, 3)  # as Keras's color_mode="rgb"
+    assert any("1 image(s) with an alpha channel" in n and "icon.png" in n for n in result.notes)
+    assert kd.check_tfrecords(str(tmp_path / "out")).ok
+    x, y = read_everything(tmp_path / "out")
+    got = by_label(x, y)
+    np.testing.assert_array_equal(got[0], tf.io.decode_jpeg((tmp_path / "src/a/photo.jpg").read_bytes()).numpy())
+    np.testing.assert_array_equal(got[1], rgba[..., :3])
+    np.testing.assert_array_equal(got[2], np.repeat(gray, 3, axis=-1))
+
+    # Grayscale with alpha (2 channels) among grayscale: read as grayscale, not refused for its 2 channels.
+    gray_alpha = rng.integers(0, 256, (6, 5, 2), dtype=np.uint8)
+    _write_image(tmp_path / "gray" / "a" / "0.png", gray, "png")
+    _write_image(tmp_path / "gray" / "b" / "1.png", gray_alpha, "png")
+    result = kd.write_tfrecords(str(tmp_path / "gray"), tmp_path / "gray-out", shards=1)
+    assert result.schema.feature("image").shape == (6, 5, 1)
+    got = by_label(*read_everything(tmp_path / "gray-out"))
+    np.testing.assert_array_equal(got[0], gray)
+    np.testing.assert_array_equal(got[1], gray_alpha[..., :1])
+
+
+def test_image_folder_written_with_four_channels_by_an_earlier_version_reads_back(tmp_path):
+    rng = np.random.default_rng(4)
+    rgba = rng.integers(0, 256, (6, 5, 4), dtype=np.uint8)
+    _write_image(tmp_path / "src" / "a" / "photo.jpg", rng.integers(0, 256, (6, 5, 3), dtype=np.uint8), "jpeg")
+    _write_image(tmp_path / "src" / "b" / "icon.png", rgba, "png")
+    kd.write_tfrecords(str(tmp_path / "src"), tmp_path / "out", shards=1)
+    schema_path = tmp_path / "out" / "schema.json"
+    schema = json.loads(schema_path.read_text())
+    schema["features"][0]["shape"] = [6, 5, 4]  # what earlier versions wrote for this folder
+    schema_path.write_text(json.dumps(schema))
+    assert kd.check_tfrecords(str(tmp_path / "out")).ok
+    got = by_label(*read_everything(tmp_path / "out"))
+    photo = tf.io.decode_jpeg((tmp_path / "src/a/photo.jpg").read_bytes()).numpy()
+    np.testing.assert_array_equal(got[0], np.concatenate([photo, np.full((6, 5, 1), 255, np.uint8)], axis=-1))
+    np.testing.assert_array_equal(got[1], rgba)
+
+
+@pytest.mark.parametrize("columns", [{0: [1.0, 2.0], "0": [3.0, 4.0]}, ["a", "a"]], ids=["0 and '0'", "a twice"])
+def test_dataframe_columns_that_share_a_feature_name_are_refused(tmp_path, columns):
+    if isinstance(columns, dict):
+        df, shown = pd.DataFrame(columns), r"0 \(position 0\) and '0' \(position 1\)"
+    else:
+        df, shown = pd.DataFrame([[1.0, 2.0], [3.0, 4.0]], columns=columns), r"'a' \(position 0\) and 'a' \(position 1\)"
+    with pytest.raises(DataError, match=rf"the DataFrame's columns {shown} both become the feature name"):
+        kd.write_tfrecords(df, tmp_path / "out", shards=1)
+    with pytest.raises(DataError, match=r"the keys 0 \(position 0\) and '0' \(position 1\) both become"):
+        kd.write_tfrecords({0: np.zeros(2), "0": np.ones(2)}, tmp_path / "out", shards=1)
+    assert not (tmp_path / "out").exists()
+
+
+def test_csv_header_problems_are_named_and_an_excel_bom_is_dropped(tmp_path):
+    dup = tmp_path / "dup.csv"
+    dup.write_text("a,b,a,label\n1,2,3,0\n")
+    with pytest.raises(DataError, match=r"dup\.csv has two columns named 'a' \(columns 1 and 3"):
+        kd.write_tfrecords(str(dup), tmp_path / "out", shards=1)
+    typo = tmp_path / "typo.csv"
+    typo.write_text("price,label\n1,0\n2,1\n")
+    with pytest.raises(DataError, match=r"csv_dtypes names column\(s\) \['prcie'\] that .*typo\.csv does not have "
+                                        r"\('prcie': did you mean 'price'\?\); its columns are \['price', 'label'\]"):
+        kd.write_tfrecords(str(typo), tmp_path / "out", csv_dtypes={"prcie": "float32"})
+    assert not (tmp_path / "out").exists()
+
+    bom = tmp_path / "excel.csv"
+    bom.write_bytes("label,città\n0,1.5\n1,2.5\n".encode("utf-8-sig"))  # Excel's "CSV UTF-8"
+    result = kd.write_tfrecords(str(bom), tmp_path / "out", shards=1)
+    assert result.schema.label == "label" and result.schema.feature_names == ["label", "città"]
+
+
+def test_csv_that_is_not_utf8_names_the_file_and_byte(tmp_path, monkeypatch):
+    monkeypatch.setattr(sources, "CHUNK_RECORDS", 4)  # the bad byte is met while writing, past the sampled rows
+    good = "name,label\n" + "".join(f"caf\u00e9 {i},{i % 2}\n" for i in range(3000))  # more than a decode chunk
+    path = tmp_path / "latin1.csv"
+    path.write_bytes(good.encode("utf-8") + "caf\u00e9,1\n".encode("latin-1"))
+    offset = len(good.encode("utf-8")) + 3
+    with pytest.raises(DataError, match=rf"latin1\.csv is not UTF-8 text: byte {offset} \(line 3002\) is 0xe9, .*"
+                                        r"re-save it as UTF-8"):
+        kd.write_tfrecords(str(path), tmp_path / "out", shards=1)
+    assert not (tmp_path / "out").exists()
+
+
+def test_csv_floats_beyond_float32_are_refused_and_float64_keeps_them_exactly(tmp_path):
+    path = tmp_path / "big.csv"
+    path.write_text("a,label\n0.1,0\n1e300,1\n-2.5e-310,2\ninf,3\n")
+    with pytest.raises(DataError, match=r"big\.csv line 3 has 1e300 in column 'a', beyond the range of float32 "
+                                        r"\(pass csv_dtypes=\{'a': 'float64'\} to keep it\)"):
+        kd.write_tfrecords(str(path), tmp_path / "out", shards=1)
+    result = kd.write_tfrecords(str(path), tmp_path / "out", shards=1, csv_dtypes={"a": "float64"})
+    assert result.schema.feature("a").dtype == "float64"
+    x, y = read_everything(tmp_path / "out")
+    assert x.dtype == np.float64 and x[np.argsort(y)].tolist() == [0.1, 1e300, -2.5e-310, float("inf")]

@@ -348,6 +348,8 @@ def _feature_decoder(f: FeatureSchema, image_size):
     def decode_one(encoded):
         if f.encoding == "png":
             img = tf.io.decode_png(encoded, channels=channels)
+        elif channels == 4:
+            img = _decode_rgba(encoded)
         elif f.encoding == "jpeg":
             img = tf.io.decode_jpeg(encoded, channels=channels)
         else:
@@ -359,6 +361,24 @@ def _feature_decoder(f: FeatureSchema, image_size):
 
     sig = tf.TensorSpec((height, width, channels), tf.uint8)
     return lambda t: tf.map_fn(decode_one, t, fn_output_signature=sig)
+
+
+def _decode_rgba(encoded):
+    """One image as RGBA, a JPEG with an opaque alpha channel (what `decode_png` gives an RGB PNG).
+
+    TensorFlow decodes no JPEG with 4 channels, and image folders written by earlier versions (before
+    RGBA files were read as RGB) hold RGBA PNGs and JPEGs in one 4-channel feature: without this they
+    cannot be read.
+    """
+    import tensorflow as tf
+
+    def jpeg():
+        rgb = tf.io.decode_jpeg(encoded, channels=3)
+        opaque = tf.fill(tf.concat([tf.shape(rgb)[:2], [1]], 0), tf.constant(255, tf.uint8))
+        return tf.concat([rgb, opaque], axis=-1)
+
+    return tf.cond(tf.io.is_jpeg(encoded), jpeg,
+                   lambda: tf.io.decode_image(encoded, channels=4, expand_animations=False))
 
 
 def schema_from_feature_spec(features: Mapping, label: str | None = None) -> Schema:

@@ -11,8 +11,11 @@ arrays and DataFrames, which the caller already holds.
 
 from __future__ import annotations
 
+import codecs
+import contextlib
 import csv
 import dataclasses
+import difflib
 import glob
 import io
 import itertools
@@ -36,7 +39,7 @@ LABEL_IF_PRESENT = "<'label' if the records have it>"
 
 @dataclasses.dataclass(frozen=True)
 class EncodedImage:
-    """An already encoded image (kept as its file bytes) and its decoded shape."""
+    """An already encoded image (kept as its file bytes) and the shape it is read back as."""
 
     data: bytes
     format: str  # "png" or "jpeg"
@@ -207,6 +210,7 @@ def _arrays_source(source, *, shuffle, seed) -> Source:
             if "y" in columns:
                 raise DataError("the inputs dict already has a key 'y'; pass a single dict with a 'label' key instead.")
             columns["y"], label = source[1], "y"
+    _refuse_name_clashes(list(columns), "the keys", "rename the keys so that each array has its own name")
     columns = {str(k): np.asarray(v) for k, v in columns.items()}
     lengths = {k: (len(v) if v.ndim else None) for k, v in columns.items()}
     scalars = [k for k, n in lengths.items() if n is None]
@@ -231,6 +235,8 @@ def _arrays_source(source, *, shuffle, seed) -> Source:
 
 def _dataframe_source(df, *, shuffle, seed) -> Source:
     n = len(df)
+    _refuse_name_clashes(list(df.columns), "the DataFrame's columns",
+                         "rename them so that each column has its own name (df.columns = [...])")
     columns = [str(c) for c in df.columns]
     label = "label" if "label" in columns else None
 
@@ -245,6 +251,20 @@ def _dataframe_source(df, *, shuffle, seed) -> Source:
 
     nbytes = int(df.memory_usage(deep=False).sum())
     return Source(f"pandas DataFrame of {n} rows, columns {columns}", records, n, nbytes, label, shuffled=shuffle)
+
+
+def _refuse_name_clashes(keys: list, what: str, fix: str) -> None:
+    """Refuses keys that would share a feature name: feature names are strings, so 0 and "0" (or a pandas
+    column name used twice) would end up as one feature, merged or with one of them lost."""
+    by_name: dict = {}
+    for position, key in enumerate(keys):
+        by_name.setdefault(str(key), []).append((position, key))
+    for name, found in by_name.items():
+        if len(found) > 1:
+            listed = " and ".join(f"{key!r} (position {position})" for position, key in found)
+            raise DataError(f"{what} {listed} {'both' if len(found) == 2 else 'all'} become the feature name "
+                            f"{name!r} (feature names are strings), so one would be lost or merged into another; "
+                            f"{fix}.")
 
 
 def _records_source(iterable) -> Source:
@@ -316,13 +336,29 @@ def _parse_int(text):
     return np.int64(int(text))
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 def _parse_float(text):
-    return np.float32(float(text)) if text.strip() else np.float32("nan")
+    if not text.strip():
+        return np.float32("nan")
+    value = float(text)
+    # NumPy turns a finite value beyond float32's range into inf with only a RuntimeWarning.
+    if abs(value) > FLOAT32_MAX and np.isfinite(value):
+        with np.errstate(over="ignore"):
+            if np.isinf(np.float32(value)):
+                raise OverflowError(f"{text} is beyond float32's range (largest {FLOAT32_MAX:.4g})")
+    return np.float32(value)
+
+
+def _parse_float64(text):
+    return np.float64(float(text)) if text.strip() else np.float64("nan")
 
 
 CSV_PARSERS = {
     "int64": _parse_int,
     "float32": _parse_float,
+    "float64": _parse_float64,
     "string": lambda text: text,
 }
 
@@ -357,19 +393,18 @@ def _csv_source(files, csv_dtypes) -> Source:
         if dtype not in CSV_PARSERS:
             raise DataError(f"csv_dtypes[{name!r}]={dtype!r}: use one of {sorted(CSV_PARSERS)}.")
 
-    def open_csv(f):
-        fh = open(f, newline="", encoding="utf-8")
-        return fh, csv.reader(fh, delimiter="\t" if f.lower().endswith(".tsv") else ",")
-
     # Column types come from the first rows (or csv_dtypes); the header fixes the names.
-    fh, reader = open_csv(files[0])
-    with fh:
-        header = next(reader, None)
+    rows = _csv_rows(files[0])
+    try:
+        header = next(rows, (0, None))[1]
         if not header:
             raise DataError(f"{files[0]} is empty; a CSV file needs a header row with the column names.")
-        sample = list(itertools.islice(reader, CHUNK_RECORDS))
+        sample = [row for _, row in itertools.islice(rows, CHUNK_RECORDS)]
+    finally:
+        rows.close()
     if not sample:
         raise DataError(f"{files[0]} has a header but no rows; nothing to convert.")
+    _check_csv_header(files[0], header, csv_dtypes)
     types = {}
     for c, name in enumerate(header):
         types[name] = csv_dtypes.get(name) or _infer_csv_type([row[c] if c < len(row) else "" for row in sample])
@@ -377,27 +412,15 @@ def _csv_source(files, csv_dtypes) -> Source:
 
     def records():
         for f in files:
-            fh, reader = open_csv(f)
-            with fh:
-                this_header = next(reader, None)
+            rows = _csv_rows(f)
+            with contextlib.closing(rows):
+                this_header = next(rows, (0, None))[1]
                 if this_header != header:
                     raise DataError(f"{f} has header {this_header}, but {files[0]} has {header}; "
                                     f"convert files with different columns separately.")
-                for row in reader:
-                    where = f"{f} line {reader.line_num}"
-                    if not row:
-                        continue
-                    if len(row) != len(header):
-                        yield where, BadRecord(f"has {len(row)} fields, the header has {len(header)}")
-                        continue
-                    try:
-                        yield where, {name: parse(v) for name, parse, v in zip(header, parsers, row, strict=True)}
-                    except (ValueError, OverflowError):
-                        bad = [n for n, p, v in zip(header, parsers, row, strict=True) if not _parses(p, v)]
-                        yield where, BadRecord(
-                            f"column(s) {bad} are not {[types[b] for b in bad]} as inferred from the first rows; "
-                            f"pass csv_dtypes={{{bad[0]!r}: 'string' or 'float32'}} to read them as that"
-                        )
+                for line, row in rows:
+                    if row:
+                        yield f"{f} line {line}", _csv_record(header, parsers, types, csv_dtypes, row)
 
     nbytes = sum(os.path.getsize(f) for f in files)
     label = "label" if "label" in header else None
@@ -406,12 +429,83 @@ def _csv_source(files, csv_dtypes) -> Source:
     return src
 
 
-def _parses(parse, value) -> bool:
+def _csv_rows(path):
+    """Yields `(line number, row)` of a CSV (or, by its suffix, TSV) file, its header first.
+
+    The encoding is UTF-8, with the byte-order mark Excel writes ("CSV UTF-8") dropped, which would
+    otherwise become part of the first column's name.
+    """
+    with open(path, newline="", encoding="utf-8-sig") as fh:
+        reader = csv.reader(fh, delimiter="\t" if path.lower().endswith(".tsv") else ",")
+        try:
+            for row in reader:
+                yield reader.line_num, row
+        except UnicodeDecodeError as exc:
+            raise _not_utf8_error(path, exc) from exc
+        except csv.Error as exc:
+            raise DataError(f"{path} line {reader.line_num} cannot be read as CSV ({exc}); fix that line.") from exc
+
+
+def _not_utf8_error(path, exc: UnicodeDecodeError) -> DataError:
+    """Names the first byte of `path` that is not UTF-8: the decoder's own position counts from the
+    start of the chunk it was decoding, not from the start of the file."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    where, byte, line, start = f"a byte ({exc.reason})", exc.object[exc.start], 1, 0
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            data = decoder.getstate()[0] + chunk  # an unfinished character from the chunk before comes first
+            try:
+                decoder.decode(chunk)
+            except UnicodeDecodeError as err:
+                byte, line = data[err.start], line + data[:err.start].count(b"\n")
+                where = f"byte {start + len(chunk) - len(data) + err.start} (line {line})"
+                break
+            line += chunk.count(b"\n")
+            start += len(chunk)
+    return DataError(
+        f"{path} is not UTF-8 text: {where} is 0x{byte:02x}, which UTF-8 cannot decode (the file was likely "
+        f"saved as Latin-1 or Windows-1252); re-save it as UTF-8 (in Excel: 'CSV UTF-8'), e.g. "
+        f"iconv -f cp1252 -t utf-8 {path} > utf8.csv.")
+
+
+def _check_csv_header(path, header, csv_dtypes) -> None:
+    """Refuses a column name used twice (one column would replace the other) and csv_dtypes naming no
+    column (a misspelt name would leave the column to inference without a word)."""
+    seen: dict = {}
+    for position, name in enumerate(header, start=1):
+        if name in seen:
+            raise DataError(f"{path} has two columns named {name!r} (columns {seen[name]} and {position}, "
+                            f"counting from 1), which would become one feature; rename one of them in the header.")
+        seen[name] = position
+    unknown = [name for name in csv_dtypes if name not in seen]
+    if unknown:
+        hints = {name: difflib.get_close_matches(name, header, n=1) for name in unknown}
+        hint = "".join(f" ({name!r}: did you mean {close[0]!r}?)" for name, close in hints.items() if close)
+        raise DataError(f"csv_dtypes names column(s) {unknown} that {path} does not have{hint}; its columns are "
+                        f"{header}.")
+
+
+def _csv_record(header, parsers, types, csv_dtypes, row):
+    """The row as a record, or a `BadRecord` naming each column whose value does not fit its type."""
+    if len(row) != len(header):
+        return BadRecord(f"has {len(row)} fields, the header has {len(header)}")
     try:
-        parse(value)
-        return True
+        return {name: parse(v) for name, parse, v in zip(header, parsers, row, strict=True)}
     except (ValueError, OverflowError):
-        return False
+        pass
+    problems = []
+    for name, parse, value in zip(header, parsers, row, strict=True):
+        try:
+            parse(value)
+        except OverflowError:
+            wider = "float64" if types[name] == "float32" else "float64' or 'string"
+            problems.append(f"{value} in column {name!r}, beyond the range of {types[name]} (pass "
+                            f"csv_dtypes={{{name!r}: '{wider}'}} to keep it)")
+        except ValueError:
+            how = "given in csv_dtypes" if name in csv_dtypes else "inferred from the first rows"
+            problems.append(f"{value!r} in column {name!r}, which is not {types[name]} ({how}; pass "
+                            f"csv_dtypes={{{name!r}: 'string'}} (or 'float32') to read the column as that)")
+    return BadRecord("has " + " and ".join(problems))
 
 
 def _image_format(data: bytes) -> str | None:
@@ -420,6 +514,13 @@ def _image_format(data: bytes) -> str | None:
     if data[:3] == b"\xff\xd8\xff":
         return "jpeg"
     return None
+
+
+# Channels each image is read back with, by the channels it decodes to: Keras's color_mode="rgb" (alpha
+# dropped), since TensorFlow cannot decode a JPEG with 4 channels and one RGBA file would otherwise change
+# the channels of a whole folder of photos. Grayscale stays 1 channel; a folder mixing grayscale and colour
+# is read as RGB (the writer keeps the widest count and the decoder converts).
+IMAGE_READ_CHANNELS = {1: 1, 2: 1, 3: 3, 4: 3}
 
 
 def _image_folder_source(root, *, shuffle, seed) -> Source:
@@ -443,6 +544,7 @@ def _image_folder_source(root, *, shuffle, seed) -> Source:
     def records():
         import tensorflow as tf
 
+        alpha, first_alpha = 0, None
         for path, label in items:
             with open(path, "rb") as fh:
                 data = fh.read()
@@ -451,11 +553,18 @@ def _image_folder_source(root, *, shuffle, seed) -> Source:
                 yield path, BadRecord("is not a PNG or JPEG file (by its first bytes)")
                 continue
             try:
-                shape = tuple(tf.io.decode_image(data, expand_animations=False).shape)
+                height, width, channels = tf.io.decode_image(data, expand_animations=False).shape
             except (tf.errors.InvalidArgumentError, tf.errors.UnknownError) as exc:
                 yield path, BadRecord(f"cannot be decoded as {fmt.upper()} ({tf_error_text(exc)})")
                 continue
+            if channels in (2, 4):
+                alpha, first_alpha = alpha + 1, first_alpha or path
+            shape = (height, width, IMAGE_READ_CHANNELS[channels])
             yield path, {"image": EncodedImage(data, fmt, shape), "label": np.int64(label)}
+        if alpha:
+            src.notes.append(
+                f"{alpha} image(s) with an alpha channel (transparency), first {first_alpha}, are read without it, "
+                f"as RGB (or grayscale), as Keras's image_dataset_from_directory does by default")
 
     nbytes = sum(os.path.getsize(p) for p, _ in items)
     src = Source(f"image folder {root}: {len(items)} images in {len(classes)} classes", records, len(items),

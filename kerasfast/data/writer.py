@@ -191,7 +191,7 @@ def write_tfrecords(
             "parquet", "csv", "images", "text" or "records".
         text_unit: for text corpora, "line" (one record per non-empty line)
             or "file" (one record per file).
-        csv_dtypes: per-column type for CSV files ("int64", "float32",
+        csv_dtypes: per-column type for CSV files ("int64", "float32", "float64",
             "string"); other columns are inferred from the first 1024 rows.
         prefix: shard file name prefix.
         target_shard_bytes: shard size the automatic shard count aims at.
@@ -579,6 +579,11 @@ class _RecordEncoder:
     def encode(self, record: Mapping, location: str) -> bytes:
         import tensorflow as tf
 
+        names = [str(k) for k in record]
+        if len(set(names)) < len(names):
+            clashing = sorted({n for n in names if names.count(n) > 1})
+            raise DataError(f"{location}: keys {[k for k in record if str(k) in clashing]} all become the feature "
+                            f"name(s) {clashing}; give each feature a distinct name.")
         if self.features is None:
             self.features = {str(k): self._infer(str(k), v, location) for k, v in record.items()}
             self.names = list(self.features)
