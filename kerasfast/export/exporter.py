@@ -15,7 +15,7 @@ import tensorflow as tf
 from kerasfast import _compat
 from kerasfast.compress.attach import overall_sparsity
 from kerasfast.errors import ExportError
-from kerasfast.export import onnx_export, preflight
+from kerasfast.export import onnx_export, preflight, recurrent
 from kerasfast.export.atomic import REPORT_NAMES, check_destination, check_writable_destination, staged_export
 from kerasfast.export.evaluation import classification_accuracy, loss_value, model_loss_fn
 from kerasfast.export.formats import FORMATS
@@ -100,6 +100,15 @@ def export_model(
     again are removed); any other file or folder in `out_dir`, and the
     folder's mode, are left alone.
 
+    Recurrent models (LSTM, GRU, SimpleRNN, ConvLSTM, Bidirectional
+    layers) convert to builtin TFLite ops only with a fixed batch size, so
+    their `.tflite` files take one sample per call (input `[1, ...]`; the
+    report says so); so do models whose first conversion fails only on
+    TensorList ops. `tflite_int8` is converted from the recurrent layers
+    unrolled, since TFLite's int8 calibrator crashes on their loop: it needs
+    a fixed sequence length and is refused otherwise, naming the layer (see
+    `kerasfast.export.recurrent`). SavedModel and `.keras` keep any batch.
+
     Args:
         model: a built single-input, single-output Keras 3 model (e.g. after
             `kerasfast.compress.prune`).
@@ -167,7 +176,7 @@ def export_model(
         _export_graphs(job, staging)
         rows = [_artifact_row(job, staging, name) for name in job.formats]
         shutil.rmtree(staging.scratch, ignore_errors=True)
-        write_report(folder, rows, _report_context(job))
+        write_report(folder, rows, _report_context(job, staging))
     return ExportResult(out_dir=checked.destination, rows=rows)
 
 
@@ -200,6 +209,9 @@ class _Job:
     tflite_source: Any
     tflite_note: str
     tflite_reference: np.ndarray
+    # Recurrent layers of `tflite_source`: its .tflite files take batch 1 (see recurrent).
+    recurrent_layers: list
+    signature: preflight.ModelSignature
     sparsity: float
     loss_fn: Any
     int8_input_output: bool
@@ -214,6 +226,10 @@ class _Staging:
     folder: Path
     graph_dir: Path | None = None  # the SavedModel every .tflite file is converted from
     onnx_float: Path | None = None  # the float .onnx file, once written (onnx_int8 quantises it)
+    # Why the .tflite files take one sample per call ("": any batch), and the
+    # unrolled graph tflite_int8 is then converted from (see recurrent).
+    fixed_batch_reason: str = ""
+    unrolled_graph_dir: Path | None = None
 
     @property
     def scratch(self) -> Path:
@@ -279,6 +295,9 @@ def _prepare(model, checked: _Checked, num_comparison_samples, **options) -> _Jo
         tflite_source=tflite_source,
         tflite_note=tflite_note,
         tflite_reference=tflite_reference,
+        recurrent_layers=(recurrent.recurrent_layer_names(tflite_source)
+                          if any(FORMATS[f].is_tflite for f in checked.formats) else []),
+        signature=checked.signature,
         sparsity=overall_sparsity(model),
         loss_fn=model_loss_fn(model),
         **options,
@@ -296,7 +315,9 @@ def _export_graphs(job: _Job, staging: _Staging) -> None:
         model.export(str(staging.folder / FORMATS["saved_model"].filename), format="tf_saved_model", verbose=False)
     if not any(FORMATS[f].is_tflite for f in chosen):
         return
-    if "saved_model" in chosen and job.tflite_source is model:
+    if job.recurrent_layers:
+        _use_fixed_batch(job, staging, recurrent.fixed_batch_reason(job.recurrent_layers))
+    elif "saved_model" in chosen and job.tflite_source is model:
         staging.graph_dir = staging.folder / FORMATS["saved_model"].filename
     else:
         staging.graph_dir = staging.scratch / "saved_model_for_tflite"
@@ -360,27 +381,75 @@ def _build_onnx(job: _Job, staging: _Staging, name: str, target: Path) -> _Built
     return _Built(predict=runner.predict, runner=runner, notes=notes)
 
 
-def _build_tflite(job: _Job, staging: _Staging, name: str, target: Path) -> _Built | ArtifactReport:
-    """Writes one .tflite file and loads it in LiteRT; a Flex-op file allowed by the user comes back unverified."""
-    int8_choice = None
+def _use_fixed_batch(job: _Job, staging: _Staging, reason: str) -> None:
+    """From now on, .tflite files are converted from a batch-1 trace (see recurrent)."""
+    staging.graph_dir = staging.scratch / "saved_model_batch1"
+    recurrent.export_fixed_batch(job.tflite_source, job.signature.input_shape, job.signature.input_dtype,
+                                 staging.graph_dir)
+    staging.fixed_batch_reason = reason
+
+
+def _int8_graph_dir(job: _Job, staging: _Staging) -> Path:
+    """The SavedModel tflite_int8 is calibrated on: with a fixed batch, the unrolled one, checked loop-free."""
+    if not staging.fixed_batch_reason:
+        return staging.graph_dir
+    if staging.unrolled_graph_dir is None:
+        path = staging.scratch / "saved_model_batch1_unrolled"
+        recurrent.export_fixed_batch(job.tflite_source, job.signature.input_shape, job.signature.input_dtype,
+                                     path, unroll=True)
+        # TFLite's calibrator would kill the process on a loop left in the graph.
+        recurrent.check_int8_calibratable(path, _layer_names(job.model))
+        staging.unrolled_graph_dir = path
+    return staging.unrolled_graph_dir
+
+
+def _convert_tflite_once(job: _Job, staging: _Staging, name: str):
+    """(.tflite bytes, the Int8Choice for tflite_int8 else None), from the current graph."""
     if name == "tflite_int8":
         # Ops whose int8 error breaks verification stay float (or 16x8); see int8_selection.
         int8_choice = convert_int8_verified(
-            str(staging.graph_dir), job.calibration, job.comparison, job.tflite_reference,
+            str(_int8_graph_dir(job, staging)), job.calibration, job.comparison, job.tflite_reference,
             _allowed_diff(name, job.tflite_reference),
             int8_input_output=job.int8_input_output, allow_flex_ops=job.allow_flex_ops,
             known_layer_names=_layer_names(job.model),
             norm_layers=[l.name for l in _layers(job.model) if isinstance(l, _NORMALIZATION_LAYERS)],
         )
-        content = int8_choice.content
-    else:
-        content = convert_saved_model(
-            str(staging.graph_dir),
-            name.removeprefix("tflite_"),
-            representative_inputs=job.calibration,
-            allow_flex_ops=job.allow_flex_ops,
-            known_layer_names=_layer_names(job.model),
-        )
+        return int8_choice.content, int8_choice
+    content = convert_saved_model(
+        str(staging.graph_dir),
+        name.removeprefix("tflite_"),
+        representative_inputs=job.calibration,
+        allow_flex_ops=job.allow_flex_ops,
+        known_layer_names=_layer_names(job.model),
+    )
+    return content, None
+
+
+def _convert_tflite(job: _Job, staging: _Staging, name: str):
+    """As `_convert_tflite_once`; a graph that fails only on TensorList ops is traced again with batch 1."""
+    try:
+        return _convert_tflite_once(job, staging, name)
+    except ExportError as error:
+        if staging.fixed_batch_reason or not recurrent.is_tensor_list_failure(error):
+            raise
+        looping = getattr(error, "layers", [])
+    _use_fixed_batch(job, staging, recurrent.fixed_batch_reason(looping, tensor_list=True))
+    return _convert_tflite_once(job, staging, name)
+
+
+def _tflite_notes(job: _Job, staging: _Staging, int8_choice) -> str:
+    reason = staging.fixed_batch_reason
+    batch = f"{recurrent.FIXED_BATCH_NOTE}: {reason}" if reason else ""
+    if int8_choice is None:
+        return _join_notes(job.tflite_note, batch)
+    unrolled = recurrent.UNROLLED_NOTE if batch and job.recurrent_layers else ""
+    return _join_notes(job.tflite_note, batch, unrolled, "int8 input/output" if job.int8_input_output else "",
+                       int8_choice.note())
+
+
+def _build_tflite(job: _Job, staging: _Staging, name: str, target: Path) -> _Built | ArtifactReport:
+    """Writes one .tflite file and loads it in LiteRT; a Flex-op file allowed by the user comes back unverified."""
+    content, int8_choice = _convert_tflite(job, staging, name)
     target.write_bytes(content)
     try:
         runner = LiteRTModel(content)
@@ -393,13 +462,12 @@ def _build_tflite(job: _Job, staging: _Staging, name: str, target: Path) -> _Bui
         row.size_bytes, row.gzip_bytes = artifact_sizes(target)
         row.notes = "uses Flex ops: needs the Flex delegate, so it was not run in ai_edge_litert"
         return row
-    if int8_choice is None:
-        return _Built(predict=runner.predict, runner=runner, notes=job.tflite_note)
-    notes = _join_notes(job.tflite_note, "int8 input/output" if job.int8_input_output else "", int8_choice.note())
-    return _Built(predict=runner.predict, runner=runner, notes=notes, quantization=int8_choice.to_dict())
+    notes = _tflite_notes(job, staging, int8_choice)
+    return _Built(predict=runner.predict, runner=runner, notes=notes,
+                  quantization=None if int8_choice is None else int8_choice.to_dict())
 
 
-def _report_context(job: _Job) -> dict:
+def _report_context(job: _Job, staging: _Staging) -> dict:
     return {
         "model_name": job.model.name,
         "formats": job.formats,
@@ -408,6 +476,9 @@ def _report_context(job: _Job) -> dict:
         "calibration_samples": 0 if job.calibration is None else len(job.calibration),
         "latency": "median ms per sample, batch 1, 1 thread: ai_edge_litert for .tflite, "
         "onnxruntime (CPU) for .onnx",
+        # None: the .tflite files take any batch size; 1: one sample per call, for the reason given.
+        "tflite_input_batch": 1 if staging.fixed_batch_reason else None,
+        "tflite_input_batch_reason": staging.fixed_batch_reason or None,
     }
 
 

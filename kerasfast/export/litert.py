@@ -30,6 +30,11 @@ class LiteRTModel:
         model_content: the .tflite bytes.
         num_threads: interpreter threads (1 keeps latency comparable across
             runs on a shared machine).
+
+    Attributes:
+        fixed_batch: the file's batch size when its input fixes one (1 for
+            recurrent models, whose graphs LiteRT cannot resize), else None;
+            `predict` then feeds that many samples per call.
     """
 
     def __init__(self, model_content: bytes, num_threads: int = 1):
@@ -47,6 +52,9 @@ class LiteRTModel:
         self._shape = None
         details = self.input_details
         self._signature = [int(d) for d in details.get("shape_signature", details["shape"])]
+        # A file traced with a fixed batch (recurrent models: see
+        # kerasfast.export.recurrent) cannot be resized to another one.
+        self.fixed_batch = self._signature[0] if self._signature and self._signature[0] > 0 else None
 
     @property
     def input_details(self):
@@ -102,23 +110,34 @@ class LiteRTModel:
         return y.astype(np.float32)
 
     def predict(self, x: np.ndarray, batch_size: int = 32) -> np.ndarray:
-        """Outputs for all of `x`, in batches of `batch_size`."""
+        """Outputs for all of `x`, in batches of `batch_size`.
+
+        A file with a fixed batch size (`fixed_batch`, e.g. 1) is run that
+        many samples at a time instead, the last batch padded with copies of
+        its last sample (their outputs dropped).
+        """
+        step = self.fixed_batch or batch_size
         outputs = []
-        for start in range(0, len(x), batch_size):
-            chunk = x[start : start + batch_size]
+        for start in range(0, len(x), step):
+            chunk = x[start : start + step]
+            count = len(chunk)
+            if self.fixed_batch and count < step:
+                chunk = np.concatenate([chunk, np.repeat(chunk[-1:], step - count, axis=0)])
             self._resize(chunk.shape[1:], len(chunk))
             self._set_input(chunk)
             try:
                 self._interpreter.invoke()
             except (RuntimeError, ValueError) as error:
                 raise ExportError(f"LiteRT failed to run the .tflite file: {str(error).strip()[:500]}") from error
-            outputs.append(self._dequantize_output(self._interpreter.get_tensor(self.output_details["index"])))
+            output = self._interpreter.get_tensor(self.output_details["index"])
+            outputs.append(self._dequantize_output(output[:count]))
         return np.concatenate(outputs)
 
     def latency_ms_per_sample(self, sample: np.ndarray, *, warmup: int = 5, min_runs: int = 30, budget_s: float = 0.5):
-        """Median milliseconds of one batch-1 invocation."""
-        self._resize(sample.shape, 1)
-        quantized = self._quantize_input(sample[None, ...])
+        """Median milliseconds of one batch-1 invocation (per sample of a larger fixed batch)."""
+        batch = self.fixed_batch or 1
+        self._resize(sample.shape, batch)
+        quantized = self._quantize_input(np.repeat(sample[None, ...], batch, axis=0))
         index = self.input_details["index"]
         for _ in range(warmup):
             self._interpreter.set_tensor(index, quantized)
@@ -129,4 +148,4 @@ class LiteRTModel:
             self._interpreter.set_tensor(index, quantized)
             self._interpreter.invoke()
             timings.append(time.perf_counter() - tick)
-        return float(np.median(timings) * 1000.0)
+        return float(np.median(timings) * 1000.0) / batch

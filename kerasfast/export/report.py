@@ -99,4 +99,9 @@ def write_report(folder: Path, rows: list[ArtifactReport], context: dict) -> Non
         header.append(f"Accuracy/loss on {context['eval_samples']} eval samples; TFLite evaluated in LiteRT, "
                       "ONNX in ONNX Runtime.  ")
     header.append(f"Max diff vs Keras on {context.get('comparison_samples', 0)} sample inputs.")
+    if context.get("tflite_input_batch"):
+        header[-1] += "  "
+        header.append(f"The .tflite files take a fixed batch of {context['tflite_input_batch']} (input shape "
+                      f"[{context['tflite_input_batch']}, ...], one sample per call): "
+                      f"{context.get('tflite_input_batch_reason', '')}.")
     (folder / "report.md").write_text("\n".join(header + ["", markdown_table(rows), ""]))

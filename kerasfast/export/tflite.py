@@ -100,7 +100,10 @@ def convert_saved_model(
             )
             if kind == "int8":
                 hint += "; for full-integer int8 every op also needs an int8 kernel (try 'tflite_dynamic_int8')"
-            raise ExportError(
+            unsupported = ExportError(
                 f"TFLite {kind} conversion needs ops that are not TFLite builtins: {ops}{where}. {hint}."
-            ) from error
+            )
+            # For callers that retry differently (kerasfast.export.recurrent.is_tensor_list_failure).
+            unsupported.unsupported_ops, unsupported.layers = ops, layers
+            raise unsupported from error
         raise ExportError(f"TFLite {kind} conversion failed: {str(error).strip().splitlines()[0][:500]}") from error
