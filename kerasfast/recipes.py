@@ -58,6 +58,31 @@ class _RecipeParser(argparse.ArgumentParser):
         return parsed, extras
 
 
+def _whole_number(least: int):
+    """An argparse type: an integer >= `least`, refused while parsing (before a recipe writes anything)."""
+    def whole_number(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{value} is below {least}")
+        return value
+
+    return whole_number
+
+
+def _sparsity(text: str) -> float:
+    """An argparse type: a target sparsity in [0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"{value:g} is outside [0, 1): the share of weights set to zero")
+    return value
+
+
 def parser(description: str, *, epochs: int, batch_size: int, out: str | None = None) -> argparse.ArgumentParser:
     """An argument parser with the flags every recipe takes.
 
@@ -71,13 +96,13 @@ def parser(description: str, *, epochs: int, batch_size: int, out: str | None = 
     parser = _RecipeParser(prog=_command_line, description=description)
     # The recipe calling this: Ray Train workers run the same script.
     parser.script = sys._getframe(1).f_globals.get("__file__")
-    parser.add_argument("--epochs", type=int, default=epochs)
-    parser.add_argument("--batch-size", type=int, default=batch_size)
+    parser.add_argument("--epochs", type=_whole_number(1), default=epochs)
+    parser.add_argument("--batch-size", type=_whole_number(1), default=batch_size)
     parser.add_argument("--precision", default="auto",
                         choices=["auto", *PRECISIONS])
     parser.add_argument("--strategy", default="auto", choices=["auto", "none", "mirrored", "multi_worker"])
     parser.add_argument("--jit", default="auto", choices=["auto", "on", "off"], help="XLA compilation")
-    parser.add_argument("--prune", type=float, default=0.0, metavar="SPARSITY",
+    parser.add_argument("--prune", type=_sparsity, default=0.0, metavar="SPARSITY",
                         help="prune to this sparsity while fine-tuning after training (0 = off)")
     parser.add_argument("--export", action="store_true", help="export (pruned) int8 TFLite + report")
     parser.add_argument("--out", default=out or f"kerasfast_runs/{pathlib.Path(sys.argv[0]).stem}",
@@ -86,7 +111,7 @@ def parser(description: str, *, epochs: int, batch_size: int, out: str | None = 
     parser.add_argument("--data", default=None, help="your own data instead of the built-in default")
     parser.add_argument("--data-service", default=None, metavar="grpc://HOST:PORT",
                         help="run the training input pipeline on a tf.data service (kerasfast data-service)")
-    parser.add_argument("--ray-workers", type=int, default=0, metavar="N",
+    parser.add_argument("--ray-workers", type=_whole_number(0), default=0, metavar="N",
                         help="run the recipe on N Ray Train workers: a local Ray cluster, or the one RAY_ADDRESS "
                              "names; --out must then be a folder every node sees (pip install 'kerasfast[ray]')")
     return parser

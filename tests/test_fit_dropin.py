@@ -145,6 +145,16 @@ def test_an_error_from_the_users_own_model_code_keeps_its_type():
         kerasfast.fit(model, X, np.zeros((len(X), 3), "float32"), run_dir=False, verbose=0)
 
 
+def test_a_run_dir_that_cannot_be_a_folder_is_refused_before_training(tmp_path):
+    (tmp_path / "afile").write_text("not a folder")
+    model = _model()
+    with pytest.raises(kerasfast.PlanError, match=r"run_dir=.* cannot be a folder: .*afile is a file"):
+        kerasfast.fit(model, X, Y, run_dir=tmp_path / "afile" / "run", verbose=0)
+    with pytest.raises(kerasfast.PlanError, match=r"run_dir=3 is not valid"):
+        kerasfast.fit(model, X, Y, run_dir=3, verbose=0)
+    assert not model.optimizer or int(model.optimizer.iterations.numpy()) == 0
+
+
 def test_unknown_option_names_the_closest_one():
     with pytest.raises(kerasfast.PlanError, match="did you mean 'precision'"):
         kerasfast.fit(_model(), X, Y, precison="float32", run_dir=False, verbose=0)

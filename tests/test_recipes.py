@@ -181,6 +181,19 @@ def test_recipes_refuse_bad_flags_with_a_clear_message(tmp_path):
         run_recipe("tabular", "--data", csv, "--label", "price", "--out", tmp_path)
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--prune", "1.5"], "argument --prune: 1.5 is outside [0, 1)"),
+    (["--epochs", "0"], "argument --epochs: 0 is below 1"),
+    (["--batch-size", "many"], "argument --batch-size: 'many' is not a whole number"),
+], ids=["prune", "epochs", "batch size"])
+def test_recipe_flags_are_refused_before_anything_is_written(tmp_path, capsys, flags, message):
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as refused:
+        run_recipe("tabular", "--smoke", *flags, "--out", out)
+    assert refused.value.code == 2 and message in capsys.readouterr().err
+    assert not out.exists()
+
+
 @pytest.mark.slow
 def test_tabular_recipe_runs_as_a_two_worker_job(tmp_path):
     out = tmp_path / "run"

@@ -223,7 +223,9 @@ def test_a_resume_uses_the_recorded_plan_and_refuses_changed_arguments(digits, t
     recorded = json.loads((tmp_path / "plan.json").read_text())["fields"]
     for changed, shown in (({"batch_size": 16}, "global_batch_size 16 (the backup's run: 32)"),
                            ({"epochs": 3}, "total_steps"),
-                           ({"learning_rate": 0.05}, "learning_rate 0.05")):
+                           ({"learning_rate": 0.05}, "learning_rate 0.05"),
+                           ({"seed": 12345}, "seed 12345 (the backup's run: "),
+                           ({"shuffle": False}, "shuffle False (the backup's run: True)")):
         with pytest.raises(PlanError, match="change what training computes") as refused:
             kerasfast.fit(_model(), (x, y), **{**options, **changed})
         assert shown in str(refused.value) and "resume='force'" in str(refused.value)
@@ -246,6 +248,16 @@ def test_resume_force_and_fresh(digits, tmp_path):
     assert len(fresh.history.history["loss"]) == 2
     with pytest.raises(PlanError, match="resume='later' is not valid"):
         kerasfast.fit(_model(), (x, y), **{**options, "resume": "later"})
+
+
+def test_resume_force_refuses_a_backup_past_the_end_of_the_new_epochs(digits, tmp_path):
+    # Placed at step 6 of an epoch that now has 2 steps, the resumed epoch had -4 steps to run: it never ended.
+    (x, y), _ = digits
+    x = x.reshape(len(x), 64)
+    options = _crashed_run(x, y, tmp_path, steps_per_execution=1)
+    with pytest.raises(PlanError, match=r"resume='force' cannot place the backup .* an epoch of this run has 2 "
+                                        r"steps .* global batch size \(32\)"):
+        kerasfast.fit(_model(), (x, y), **{**options, "batch_size": 1024, "resume": "force"})
 
 
 def test_a_damaged_backup_is_named_with_the_remedy(digits, tmp_path):

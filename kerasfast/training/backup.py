@@ -161,6 +161,14 @@ class Backup:
                 f"the backup in {self.directory} was saved for a different run ({', '.join(changed)} differ): "
                 "delete it to start afresh, or pass another backup_dir=."
             )
+        if plan.steps_per_epoch and progress.step >= plan.steps_per_epoch:  # only under force: else steps match
+            raise PlanError(
+                f"resume='force' cannot place the backup in {self.directory}: it was saved after step "
+                f"{progress.step} of epoch {progress.epoch + 1}, and an epoch of this run has {plan.steps_per_epoch} "
+                f"steps (the batch size or steps_per_epoch changed). Resume with the backup's global batch size "
+                f"({progress.signature.get('global_batch_size')}) and steps_per_epoch "
+                f"({progress.signature.get('steps_per_epoch')}), or pass resume='fresh' to start again."
+            )
         metric_variables = {id(v) for metric in model.metrics for v in metric.variables}
         metric_values = []
         with self._reading(), np.load(self.path, allow_pickle=False) as data:
@@ -195,8 +203,9 @@ class BackupCallback(keras.callbacks.Callback):
     """
 
     def __init__(self, backup: Backup, plan, seed: int, every_steps: int, first_epoch: int = 0, first_step: int = 0,
-                 history: dict | None = None):
+                 history: dict | None = None, shuffle=None):
         super().__init__()
+        self.shuffle = shuffle
         self.history = {name: list(values) for name, values in (history or {}).items()}
         self.backup = backup
         self.plan = plan
@@ -207,7 +216,8 @@ class BackupCallback(keras.callbacks.Callback):
         self._last_saved = first_step
 
     def _progress(self, epoch, step):
-        return Progress(epoch, step, self.seed, signature(self.model, self.plan), self.history, self.plan.values())
+        return Progress(epoch, step, self.seed, {**signature(self.model, self.plan), "shuffle": self.shuffle},
+                        self.history, self.plan.values())
 
     def on_epoch_begin(self, epoch, logs=None):
         if epoch != self._epoch:

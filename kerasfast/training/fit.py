@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import pathlib
 import textwrap
 
@@ -421,3 +422,19 @@ def _check_fit_arguments(given: dict) -> None:
         check_available()
     if data_service is not None:
         service.parse_address(data_service)
+    if run_dir not in (None, False):
+        _check_run_dir(run_dir)
+
+
+def _check_run_dir(run_dir) -> None:
+    """Refuses a run folder that cannot be one before anything trains: a file's path, or a path under a file."""
+    if not isinstance(run_dir, (str, os.PathLike)):
+        raise PlanError(f"run_dir={run_dir!r} is not valid: pass a folder path, None (a new folder under "
+                        "kerasfast_runs/) or False (no run folder).")
+    folder = pathlib.Path(run_dir).expanduser()
+    for path in (folder, *folder.parents):
+        if path.exists():
+            if not path.is_dir():
+                raise PlanError(f"run_dir={str(run_dir)!r} cannot be a folder: {path} is a file. Pass another "
+                                "run_dir=, or run_dir=False for no run folder.")
+            return

@@ -108,7 +108,7 @@ def _merge(histories, earlier: dict, first_epoch: int) -> keras.callbacks.Histor
 
 def run_epochs(model, stream_from, *, plan, epochs: int, callbacks: list, verbose, validation: dict | None = None,
                initial_epoch: int = 0, backup: Backup | None = None, backup_every: int = 0,
-               progress: Progress | None = None, metric_values=None, seed: int = 0,
+               progress: Progress | None = None, metric_values=None, seed: int = 0, shuffle=None,
                guard: keras.callbacks.Callback | None = None) -> keras.callbacks.History:
     """Trains `model` (compiled, built) for the plan's epochs, saving backups and resuming.
 
@@ -131,6 +131,8 @@ def run_epochs(model, stream_from, *, plan, epochs: int, callbacks: list, verbos
         metric_values: `(variable, value)` pairs restoring the metrics of a
             partly finished epoch.
         seed: The data seed to record in backups.
+        shuffle: The run's `shuffle` argument, recorded in backups beside the seed: together they fix the
+            data order a resume must replay.
         guard: A callback that must see each execution before the backup is
             written, and each epoch's logs before the other callbacks and the
             History (the `DivergenceGuard`, which may correct them), or None.
@@ -153,7 +155,8 @@ def run_epochs(model, stream_from, *, plan, epochs: int, callbacks: list, verbos
         extra = [guard] if guard is not None else []
         if backup is not None:
             done_logs = _merge(histories, earlier, first_epoch).history if histories else earlier
-            extra.append(BackupCallback(backup, plan, seed, backup_every, first_epoch, first_step, done_logs))
+            extra.append(BackupCallback(backup, plan, seed, backup_every, first_epoch, first_step, done_logs,
+                                        shuffle=shuffle))
         if first_step and metric_values is not None:
             extra.append(_RestoreMetrics(metric_values))
         histories.append(model.fit(

@@ -108,6 +108,7 @@ def _check_resumable(run: Run, plan: Plan) -> None:
         return
     differences = [f"{name} {getattr(plan, name)!r} (the backup's run: {recorded[name]!r})"
                    for name in COMPUTATION_FIELDS if name in recorded and recorded[name] != getattr(plan, name)]
+    differences += _data_order_differences(run)
     if not differences:
         return
     message = (f"this run would resume the backup in {run.backup.directory}, but its arguments change what "
@@ -118,6 +119,17 @@ def _check_resumable(run: Run, plan: Plan) -> None:
         return
     raise PlanError(f"{message}. Re-run with the same arguments to resume exactly, resume='force' to resume anyway, "
                     "or resume='fresh' to start again.")
+
+
+def _data_order_differences(run: Run) -> list[str]:
+    """What of the data order a resume replays (its seed and `shuffle`) this run's arguments change."""
+    progress, differences = run.progress, []
+    if run.args.seed is not None and run.args.seed != progress.seed:
+        differences.append(f"seed {run.args.seed!r} (the backup's run: {progress.seed!r})")
+    recorded_shuffle = progress.signature.get("shuffle", run.feed.shuffle)  # backups before it was recorded: unknown
+    if recorded_shuffle != run.feed.shuffle:
+        differences.append(f"shuffle {run.feed.shuffle!r} (the backup's run: {recorded_shuffle!r})")
+    return differences
 
 
 def pruning_start(run: Run):

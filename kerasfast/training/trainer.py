@@ -14,6 +14,7 @@ from kerasfast import _compat
 from kerasfast.distribute import worker_state
 from kerasfast.distribute.failures import lost_peer_errors
 from kerasfast.distribute.strategy import scope_of
+from kerasfast.errors import PlanError
 from kerasfast.runs import DEFAULT_ROOT, new_run_dir, write_json
 from kerasfast.training import feed, optimizers, planning
 from kerasfast.training.backup import training_variables
@@ -42,7 +43,11 @@ def open_run_folder(run: Run, cleanup) -> None:
     else:
         folder = pathlib.Path(tempfile.mkdtemp(prefix=f"kerasfast-worker{distribution.cluster.index}-"))
         cleanup.callback(shutil.rmtree, folder, ignore_errors=True)
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise PlanError(f"cannot make the run folder {folder}: {error.strerror or error}. Pass a run_dir= you can "
+                        "write, or run_dir=False for no run folder.") from error
     run.folder = folder
     write_json(folder / "plan.json", {**run.plan.to_dict(), "hardware": run.hardware.to_dict()})
     if run.rate_finding is not None and distribution.is_chief:
@@ -75,7 +80,7 @@ def train(run: Run, rate_control) -> None:
                 initial_epoch=run.args.initial_epoch, callbacks=_callbacks(run) + [run.meter],
                 verbose=run.args.verbose if run.is_chief else 0, validation=run.validation, backup=run.backup,
                 backup_every=run.args.backup_every, progress=run.progress, metric_values=metric_values,
-                seed=run.seed, guard=run.guard,
+                seed=run.seed, shuffle=run.feed.shuffle, guard=run.guard,
             )
 
 
