@@ -132,3 +132,17 @@ def test_cli_overwrite_exports_beside_user_files_and_never_replaces_them(user_fo
     assert result.exit_code == 1
     assert "holds model.keras, which kerasfast did not write, at a name this export would replace" in result.output
     assert user_files(user_folder)["model.keras"] == before["model.keras"]
+
+
+def test_cli_loads_a_model_with_a_lambda_only_when_told_the_file_is_trusted(tmp_path):
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.Lambda(lambda t: t * 2.0)(inputs)))
+    model.save(tmp_path / "model.keras")
+    arguments = [str(tmp_path / "model.keras"), str(tmp_path / "out"), "--formats", "tflite_float32"]
+    refused = CliRunner().invoke(export_command, arguments)
+    assert refused.exit_code == 1 and "pass --unsafe-deserialization" in refused.output, refused.output
+    assert not (tmp_path / "out").exists()
+    exported = CliRunner().invoke(export_command, [*arguments, "--unsafe-deserialization"])
+    assert exported.exit_code == 0, exported.output
+    assert (tmp_path / "out" / "model_float32.tflite").stat().st_size > 0

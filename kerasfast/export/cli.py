@@ -48,6 +48,17 @@ def _load_eval(path: str):
         return archive["x"], archive["y"]
 
 
+def _load_model(model_path: str, *, safe_mode: bool):
+    import keras
+
+    try:
+        return keras.saving.load_model(model_path, safe_mode=safe_mode)
+    except Exception as error:
+        hint = (" If you trust the file, pass --unsafe-deserialization (loading runs the lambda's code)."
+                if safe_mode and "safe_mode" in str(error) else "")
+        raise DataError(f"Cannot load {model_path} as a Keras model: {str(error).splitlines()[0]}{hint}") from error
+
+
 @click.command("export")
 @click.argument("model_path", metavar="MODEL.keras", type=click.Path(exists=True, dir_okay=False))
 @click.argument("out_dir", type=click.Path(file_okay=False))
@@ -68,12 +79,19 @@ def _load_eval(path: str):
 @click.option("--int8-io", is_flag=True, help="tflite_int8 with int8 input/output tensors.")
 @click.option("--allow-flex-ops", is_flag=True, help="Allow TensorFlow (Flex) ops in .tflite files.")
 @click.option(
+    "--unsafe-deserialization",
+    is_flag=True,
+    help="Load a MODEL.keras holding Python lambdas (Lambda layers), which Keras refuses by default since "
+    "loading runs their code: only for files you trust.",
+)
+@click.option(
     "--overwrite",
     is_flag=True,
     help="Export into OUT_DIR even though it holds files kerasfast did not write; they are left alone, "
     "only kerasfast's previous artifacts are replaced.",
 )
-def export_command(model_path, out_dir, formats, representative, eval_path, int8_io, allow_flex_ops, overwrite):
+def export_command(model_path, out_dir, formats, representative, eval_path, int8_io, allow_flex_ops,
+                   unsafe_deserialization, overwrite):
     """Export MODEL.keras to OUT_DIR in serving and edge formats, each verified.
 
     Every .tflite file is run in LiteRT, every .onnx file (formats onnx,
@@ -85,18 +103,13 @@ def export_command(model_path, out_dir, formats, representative, eval_path, int8
     place once complete; an OUT_DIR holding other files is refused unless
     --overwrite is given, and even then they are left alone.
     """
-    import keras
-
     from kerasfast.export.exporter import export_model
 
     try:
         format_list = None if formats is None else [f.strip() for f in formats.split(",") if f.strip()]
         representative_data = None if representative is None else _load_inputs(representative, "--representative")
         eval_data = None if eval_path is None else _load_eval(eval_path)
-        try:
-            model = keras.saving.load_model(model_path)
-        except Exception as error:
-            raise DataError(f"Cannot load {model_path} as a Keras model: {str(error).splitlines()[0]}") from error
+        model = _load_model(model_path, safe_mode=not unsafe_deserialization)
         result = export_model(
             model,
             out_dir,
