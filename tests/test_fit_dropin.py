@@ -869,6 +869,29 @@ def test_a_callback_that_sets_the_learning_rate_gets_a_constant_rate_to_set():
     np.testing.assert_allclose(result.history.history["learning_rate"], [rate / 2, rate / 4, rate / 8], rtol=1e-6)
 
 
+class _WarmUp(keras.callbacks.Callback):
+    """A warm-up as keras.io examples write one: the rate set in the callback's own code."""
+
+    def __init__(self):
+        super().__init__()
+        self.rates = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.model.optimizer.learning_rate = 1e-3 * (epoch + 1)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.rates.append(float(self.model.optimizer.learning_rate))
+
+
+def test_a_callback_of_the_users_that_sets_the_rate_gets_a_constant_rate_to_set():
+    warm_up = _WarmUp()  # Keras's TypeError ("not settable") under a planned schedule
+    result = kerasfast.fit(_uncompiled(), X, Y, loss="sparse_categorical_crossentropy", batch_size=20, epochs=3,
+                           callbacks=[warm_up], run_dir=False, verbose=0)
+    assert result.plan.lr_schedule == "constant"
+    assert "_WarmUp sets the learning rate" in result.plan.reasons["lr_schedule"]
+    np.testing.assert_allclose(warm_up.rates, [1e-3, 2e-3, 3e-3], rtol=1e-6)
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["kerasfast's optimizer", "a constant rate of the user's"])
 def test_a_planned_schedule_next_to_a_callback_that_sets_the_rate_is_refused_before_training(compiled):
     model = _model() if compiled else _uncompiled()

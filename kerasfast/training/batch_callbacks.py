@@ -10,6 +10,9 @@ execution (the plan names them); the others keep longer executions.
 
 from __future__ import annotations
 
+import inspect
+import re
+
 import keras
 
 # Every hook Keras calls per batch, in training, validation and prediction.
@@ -45,17 +48,37 @@ def per_batch_callbacks(callbacks) -> tuple[str, ...]:
 
 
 def learning_rate_callbacks(callbacks) -> tuple[str, ...]:
-    """Names of the callbacks that set the optimizer's learning rate each epoch
-    (Keras's `ReduceLROnPlateau` and `LearningRateScheduler`, subclasses too):
-    a planned schedule would fight them, and Keras cannot set a schedule.
+    """Names of the callbacks that set the optimizer's learning rate as training
+    goes (Keras's `ReduceLROnPlateau` and `LearningRateScheduler`, subclasses
+    too, and a callback of the user's whose code assigns
+    `optimizer.learning_rate`): a planned schedule would fight them, and Keras
+    cannot set a schedule.
 
     Example:
 
     >>> learning_rate_callbacks([keras.callbacks.ReduceLROnPlateau(), keras.callbacks.EarlyStopping()])
     ('ReduceLROnPlateau',)
     """
-    return tuple(type(callback).__name__ for callback in callbacks
-                 if isinstance(callback, LEARNING_RATE_CALLBACKS))
+    return tuple(type(callback).__name__ for callback in callbacks if _sets_learning_rate(callback))
+
+
+# An assignment to an optimizer's rate in a callback's code: `.learning_rate = `,
+# `.learning_rate.assign(`, `keras.backend.set_value(....learning_rate, ...)` (or `.lr`).
+_SETS_RATE = re.compile(r"\.(?:learning_rate|lr)\s*=(?!=)|\.(?:learning_rate|lr)\.assign\(|"
+                        r"set_value\([^,)]*\.(?:learning_rate|lr)\b")
+
+
+def _sets_learning_rate(callback) -> bool:
+    if isinstance(callback, LEARNING_RATE_CALLBACKS):
+        return True
+    kind = type(callback)
+    if _keras_own(kind) or kind.__module__.startswith("kerasfast."):
+        return False
+    try:
+        source = inspect.getsource(kind)
+    except (OSError, TypeError):  # defined where its source cannot be read (a REPL): not known
+        return False
+    return bool(_SETS_RATE.search(source))
 
 
 def _per_batch(callback) -> str | None:
