@@ -111,7 +111,7 @@ def parser(description: str, *, epochs: int, batch_size: int, out: str | None = 
     parser.add_argument("--data", default=None, help="your own data instead of the built-in default")
     parser.add_argument("--data-service", default=None, metavar="grpc://HOST:PORT",
                         help="run the training input pipeline on a tf.data service (kerasfast data-service)")
-    parser.add_argument("--ray-workers", type=_whole_number(0), default=0, metavar="N",
+    parser.add_argument("--ray-workers", type=int, default=0, metavar="N",
                         help="run the recipe on N Ray Train workers: a local Ray cluster, or the one RAY_ADDRESS "
                              "names; --out must then be a folder every node sees (pip install 'kerasfast[ray]')")
     return parser
