@@ -595,9 +595,7 @@ def _read_block(request: _Request, sharding: str, schema: Schema) -> tuple:
                 if request.shuffle else f"no shuffling: blocks of {DEFAULT_READ_BLOCK} cut per-record overhead")
         return 1, ("records were not shuffled when written (streamed source or other writer): "
                    "shuffle record by record")
-    if not isinstance(read_block, int) or read_block < 1:
-        raise DataError(f"read_block={read_block!r}: pass a positive integer.")
-    if read_block > 1 and sharding == "data":
+    if read_block > 1 and sharding == "data":  # a whole number >= 1 already (`_checked_counts`)
         raise DataError("read_block > 1 cannot be combined with data sharding (records are split one by one); "
                         "leave read_block unset, or write more shards than workers.")
     return read_block, None
