@@ -38,6 +38,7 @@ nothing listens.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import socket
@@ -315,7 +316,9 @@ STOP_GRACE_S = 10.0
 
 
 def _serve(server, announce: str) -> None:
-    """Prints `announce` and blocks until SIGINT or SIGTERM, then stops `server`."""
+    """Prints `announce` and blocks until SIGINT or SIGTERM, then stops `server`
+    and exits: status 0, or 1 when TensorFlow's server did not stop within
+    STOP_GRACE_S (an element still being produced holds its stop)."""
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
@@ -326,14 +329,14 @@ def _serve(server, announce: str) -> None:
         pass
     from kerasfast import _compat
 
-    # TensorFlow's stop can block (a service worker once took over 30 s in a
-    # loaded test run): a server told to stop exits within STOP_GRACE_S.
-    stopper = threading.Thread(target=_compat.stop_server, args=(server,), daemon=True)
-    stopper.start()
-    stopper.join(STOP_GRACE_S)
-    if stopper.is_alive():
-        click.echo(f"kerasfast data-service: TensorFlow's server did not stop within {STOP_GRACE_S:g} s; "
-                   "exiting without waiting for it", err=True)
+    # TensorFlow's stop waits for the element a task is producing and holds the GIL while it waits, so no
+    # Python timer can end it: faulthandler's watchdog is a C thread, which prints where each thread
+    # waits and exits with status 1 once the grace has passed.
+    click.echo(f"kerasfast data-service: stopping (TensorFlow's server gets {STOP_GRACE_S:g} s, then the "
+               "process exits without it)", err=True)
+    sys.stderr.flush()
+    faulthandler.dump_traceback_later(STOP_GRACE_S, exit=True, file=sys.stderr)
+    _compat.stop_server(server)
     # Once the server has stopped there is nothing left to tear down, but the interpreter's own exit waits
     # on TensorFlow's gRPC threads (stopping a dispatcher and two workers took 64 s in the test suite's
     # teardown, under 4 s leaving at once): leave at once.
