@@ -869,6 +869,24 @@ def test_a_callback_that_sets_the_learning_rate_gets_a_constant_rate_to_set():
     np.testing.assert_allclose(result.history.history["learning_rate"], [rate / 2, rate / 4, rate / 8], rtol=1e-6)
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["kerasfast's optimizer", "the user's, at fit's rate"])
+def test_the_rate_a_callback_set_stays_after_the_run_as_in_keras(compiled):
+    model = _uncompiled()
+    if compiled:
+        model.compile(keras.optimizers.Adam(0.5), "sparse_categorical_crossentropy")
+    steps = keras.callbacks.LearningRateScheduler(lambda epoch, rate: 1e-3 * (epoch + 1))
+    kerasfast.fit(model, X, Y, loss=None if compiled else "sparse_categorical_crossentropy", learning_rate=1e-3,
+                  batch_size=20, epochs=3, callbacks=[steps], run_dir=False, verbose=0)
+    assert float(model.optimizer.learning_rate) == pytest.approx(3e-3)  # as model.fit leaves it
+
+
+def test_a_rate_fit_was_given_for_one_run_gives_back_the_users_own():
+    model = _uncompiled()
+    model.compile(keras.optimizers.Adam(0.5), "sparse_categorical_crossentropy")
+    kerasfast.fit(model, X, Y, learning_rate=1e-3, batch_size=20, epochs=1, run_dir=False, verbose=0)
+    assert float(model.optimizer.learning_rate) == pytest.approx(0.5)
+
+
 class _WarmUp(keras.callbacks.Callback):
     """A warm-up as keras.io examples write one: the rate set in the callback's own code."""
 

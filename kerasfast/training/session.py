@@ -23,6 +23,7 @@ distributed.
 from __future__ import annotations
 
 import contextlib
+import math
 
 import keras
 
@@ -110,14 +111,21 @@ def optimizer_settings(optimizer, *, learning_rate=None, clipnorm=None):
                 inner.clipnorm, inner.clipvalue, inner.global_clipnorm = None, None, clipnorm
             yield control
         finally:
-            if saved_value is not None:
+            planned_only = saved_value is not None and not _set_during_run(saved_rate, learning_rate * control.factor)
+            if planned_only:  # the plan's rate was this run's: the optimizer's own comes back
                 saved_rate.assign(saved_value)
-            elif control.factor != 1.0 and _compat.learning_rate_store(inner) is saved_rate:
-                # The optimizer's own rate stays as training left it (a callback
-                # may have lowered it, as in Keras) minus the recoveries' halving.
+            elif saved_value is not None or (control.factor != 1.0 and _compat.learning_rate_store(inner) is saved_rate):
+                # The rate stays as training left it (a callback may have set
+                # it, as in Keras) minus the recoveries' halving.
                 saved_rate.assign(saved_rate / control.factor)
             _compat.set_learning_rate_store(inner, saved_rate)
             inner.clipnorm, inner.clipvalue, inner.global_clipnorm = saved_clip
+
+
+def _set_during_run(rate_variable, planned: float) -> bool:
+    """Whether something other than kerasfast (a callback, as in Keras) set the
+    rate during the run: it then stays as they left it, not the planned one."""
+    return not math.isclose(float(rate_variable.numpy()), planned, rel_tol=1e-6)
 
 
 @contextlib.contextmanager
