@@ -222,7 +222,7 @@ def test_a_resume_uses_the_recorded_plan_and_refuses_changed_arguments(digits, t
     options = _crashed_run(x, y, tmp_path)  # steps_per_execution="auto": measured by the first run
     recorded = json.loads((tmp_path / "plan.json").read_text())["fields"]
     for changed, shown in (({"batch_size": 16}, "global_batch_size 16 (the backup's run: 32)"),
-                           ({"epochs": 3}, "total_steps"),
+                           ({"epochs": 3}, "epochs 3 (the backup's run: 2), which sets the schedule's length"),
                            ({"learning_rate": 0.05}, "learning_rate 0.05"),
                            ({"seed": 12345}, "seed 12345 (the backup's run: "),
                            ({"shuffle": False}, "shuffle False (the backup's run: True)")):

@@ -106,8 +106,9 @@ def _check_resumable(run: Run, plan: Plan) -> None:
     recorded = run.progress.plan
     if not recorded:
         return
-    differences = [f"{name} {getattr(plan, name)!r} (the backup's run: {recorded[name]!r})"
-                   for name in COMPUTATION_FIELDS if name in recorded and recorded[name] != getattr(plan, name)]
+    changed = [name for name in COMPUTATION_FIELDS if name in recorded and recorded[name] != getattr(plan, name)]
+    differences = _epochs_difference(run, plan, changed)
+    differences += [f"{name} {getattr(plan, name)!r} (the backup's run: {recorded[name]!r})" for name in changed]
     differences += _data_order_differences(run)
     if not differences:
         return
@@ -119,6 +120,17 @@ def _check_resumable(run: Run, plan: Plan) -> None:
         return
     raise PlanError(f"{message}. Re-run with the same arguments to resume exactly, resume='force' to resume anyway, "
                     "or resume='fresh' to start again.")
+
+
+def _epochs_difference(run: Run, plan: Plan, changed: list[str]) -> list[str]:
+    """`epochs`, named first where it is what moved the schedule's `total_steps`
+    (the updates of the whole run, which a resumed schedule carries on)."""
+    recorded = run.progress.plan
+    same_epoch = all(recorded.get(name) == getattr(plan, name) for name in ("steps_per_epoch", "grad_accum_steps"))
+    if "total_steps" not in changed or not same_epoch or not recorded.get("total_steps") or not plan.total_steps:
+        return []
+    recorded_epochs = round(recorded["total_steps"] * plan.grad_accum_steps / plan.steps_per_epoch)
+    return [f"epochs {run.args.epochs} (the backup's run: {recorded_epochs}), which sets the schedule's length"]
 
 
 def _data_order_differences(run: Run) -> list[str]:
