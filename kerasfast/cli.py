@@ -27,11 +27,12 @@ def main():
 
 
 def _default_plan(hardware):
+    from kerasfast.onednn import onednn_state
     from kerasfast.plan import RunFacts, resolve_plan
     from kerasfast.threads import current_threads, runtime_started
 
     intra, inter = current_threads()
-    return resolve_plan(hardware, run=RunFacts(tf_runtime_started=runtime_started(),
+    return resolve_plan(hardware, run=RunFacts(tf_runtime_started=runtime_started(), onednn=onednn_state(),
                                                current_intra_op_threads=intra, current_inter_op_threads=inter))
 
 

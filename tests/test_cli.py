@@ -36,6 +36,11 @@ def test_info_json_is_machine_readable():
 
     hardware = detect_hardware()
     assert tuple(report["hardware"]["cpu_flags"]) == hardware.cpu_flags
+    # The kernels TensorFlow runs, as in this process (the same TF_ENABLE_ONEDNN_OPTS), and why.
+    from kerasfast import _compat
+
+    onednn = report["plan"]["fields"]["onednn"]
+    assert onednn["value"] == _compat.onednn_enabled() and "not known" not in onednn["reason"], onednn
 
 
 def test_quickstart_trains_and_writes_a_run_folder(tmp_path):
