@@ -212,10 +212,86 @@ def test_a_converged_models_wobble_is_not_a_blow_up():
     # Measured: a digits ResNet near loss 0.002 wobbled to 0.023 (11x) and was rolled back.
     from kerasfast.training.guard import SPIKE_FACTOR, blew_up
 
-    assert not blew_up(0.0232, recent_median=0.00218, start_level=2.3)
-    assert blew_up(5.0, recent_median=0.00218, start_level=2.3)  # back above the start: a blow-up
-    assert not blew_up(SPIKE_FACTOR * 0.5, recent_median=0.5, start_level=2.3)  # exactly the factor: not above
-    assert not blew_up(1.0, recent_median=0.0, start_level=2.3)
+    assert not blew_up(0.0232, recent_level=0.00218, start_level=2.3)
+    assert blew_up(5.0, recent_level=0.00218, start_level=2.3)  # back above the start: a blow-up
+    assert not blew_up(SPIKE_FACTOR * 0.5, recent_level=0.5, start_level=2.3)  # exactly the factor: not above
+    assert not blew_up(1.0, recent_level=0.0, start_level=2.3)
+
+
+def _heavy_tailed_regression(n=480, seed=0):
+    """Targets with 2% outliers (+40): a batch holding one spikes its loss alone."""
+    x, y = _regression(n, seed)
+    outliers = np.random.default_rng(seed).random(n) < 0.02
+    outliers[:8] = False  # a first batch without one: the run's start level is the untrained model's
+    y[outliers] += 40.0
+    return x, y
+
+
+def test_outlier_batches_are_trained_through_as_keras_does():
+    # Measured: with one step per execution, batches holding an outlier were
+    # rolled back one after another until the run raised TrainingError.
+    x, y = _heavy_tailed_regression()
+    runs = []
+    for trainer in ("keras", "kerasfast"):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+        model.compile(loss="mse", optimizer=keras.optimizers.Adam(0.01))
+        options = dict(epochs=3, batch_size=8, shuffle=False, verbose=0)
+        if trainer == "keras":
+            history = model.fit(x, y, **options).history
+        else:
+            result = kerasfast.fit(model, x, y, steps_per_execution=1, precision="float32", jit_compile=False,
+                                   run_dir=False, **options)
+            assert result.recoveries == []
+            history = result.history.history
+        runs.append((history["loss"], float(model.optimizer.learning_rate)))
+    (keras_loss, keras_rate), (fast_loss, fast_rate) = runs
+    np.testing.assert_allclose(fast_loss, keras_loss, rtol=1e-4)
+    assert fast_rate == pytest.approx(keras_rate)
+
+
+class _BlowUpAt(keras.callbacks.Callback):
+    """Scales the first layer's weights by 1000 at one step: the weights, not a batch, blow up."""
+
+    def __init__(self, step):
+        super().__init__()
+        self.step, self.done = step, False
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if batch == self.step and not self.done:
+            self.done = True
+            kernel = self.model.layers[0].kernel
+            kernel.assign(kernel * 1000.0)
+
+
+def test_weights_that_blew_up_are_rolled_back_once_the_jump_lasts(capsys):
+    from kerasfast.training.guard import SPIKE_PERSISTENCE
+
+    x, y = _regression()
+    model = _model()
+    model.compile(loss="mse", optimizer=keras.optimizers.Adam(0.01))
+    result = kerasfast.fit(model, x, y, epochs=2, batch_size=8, shuffle=False, steps_per_execution=1,
+                           backup_every=5, callbacks=[_BlowUpAt(40)], run_dir=False, verbose=1)
+    assert [(r["epoch"], r["step"]) for r in result.recoveries] == [(1, 40 + SPIKE_PERSISTENCE)]
+    assert f"stayed there for {SPIKE_PERSISTENCE} executions" in result.recoveries[0]["problem"]
+    assert "rolled back to epoch 1, step 40" in capsys.readouterr().out
+    losses = result.history.history["loss"]
+    assert losses[-1] < losses[0] and _weights_finite(model)
+    # Lowered for the run only: the optimizer's own rate comes back.
+    assert float(model.optimizer.learning_rate) == pytest.approx(0.01)
+
+
+def test_each_recovery_halves_the_rate_again_and_the_users_own_comes_back(capsys):
+    x, y = _regression()
+    model = _model()
+    model.compile(loss="mse", optimizer=keras.optimizers.Adam(0.01))
+    # Every rollback goes back to the start, to a snapshot taken before any recovery lowered the rate.
+    result = kerasfast.fit(model, _with_poisoned_batches(x, y, [9]), epochs=3, steps_per_execution=1,
+                           backup_every=1000, run_dir=False, verbose=1)
+    assert len(result.recoveries) == 3
+    printed = capsys.readouterr().out
+    assert [f"learning rate now {rate:.3g}" in printed for rate in (0.005, 0.0025, 0.00125)] == [True] * 3
+    assert float(model.optimizer.learning_rate) == pytest.approx(0.01)  # measured: 0.04 (0.005 / 0.5**3)
 
 
 class _InputScale(keras.layers.Layer):

@@ -5,14 +5,20 @@ in memory) and names the first sample and input holding a NaN or infinity.
 
 During training, `DivergenceGuard` looks at every execution's loss (read
 from Keras's loss tracker: two scalars per execution, no extra pass over
-anything) and at every logged value. A loss that is not finite, or that
-jumps above `loss_upper_bound` or `SPIKE_FACTOR` times the median of the
-recent executions' losses (TF Model Garden's blow-up check) and back above
-the loss of the run's first execution, is a divergence. (The second
-condition keeps a healthy run's wobble from counting: a converged model going
-from 0.002 to 0.02, or a ResNet's Adam spike from 0.01 to 0.2 that Keras
-trains through, were measured being rolled back with the rate halved. A loss
-worse than the untrained model's is a blow-up; one below it is training.)
+anything) and at every logged value. A loss that is not finite, or
+above `loss_upper_bound`, is a divergence at once. A loss that jumps
+`SPIKE_FACTOR` times above the recent executions' (TF Model Garden's blow-up
+check, against their `SPIKE_REFERENCE_PERCENTILE`th percentile rather than
+their median) and back above the loss of the run's first execution is one
+when it stays there for `SPIKE_PERSISTENCE` executions in a row. (A converged
+model going from 0.002 to 0.02, or a ResNet's Adam spike from 0.01 to 0.2 that
+Keras trains through, were measured being rolled back with the rate halved:
+a loss worse than the untrained model's is a blow-up, one below it is
+training. A batch's loss is computed before its update, so one hard batch,
+such as a regression target's outlier, spikes alone; weights that blew up
+spike on every batch that follows. Outlier batches 15% of the time were
+measured being rolled back until the run failed, against the median of one-step
+executions.) No snapshot is taken while a jump is pending.
 What happens then is `on_nan`:
 
 - "recover": put back the last good state (weights, optimizer, metrics),
@@ -36,6 +42,7 @@ the blown-up loss: what Keras itself would log for that epoch).
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 
 import keras
@@ -45,8 +52,13 @@ from kerasfast import _compat
 from kerasfast.errors import DataError, TrainingError
 
 ON_NAN = ("recover", "stop", "ignore")
-# A loss this many times the median of recent executions' is a blow-up.
+# A loss this many times the recent executions' reference level is a jump.
 SPIKE_FACTOR = 10.0
+# The recent executions' reference level: this percentile of their losses (the
+# median made regular outlier batches, ~15% of them, look like blow-ups).
+SPIKE_REFERENCE_PERCENTILE = 90
+# Consecutive executions a jump must last to be a blow-up (not one hard batch).
+SPIKE_PERSISTENCE = 3
 # Executions seen before the spike check starts (early losses fall fast).
 SPIKE_WARMUP = 20
 RECOVERY_LR_FACTOR = 0.5
@@ -101,20 +113,21 @@ def _arrays(structure, path):
         yield path, structure.to_numpy()
 
 
-def blew_up(loss: float, recent_median: float, start_level: float) -> bool:
-    """Whether `loss` is a blow-up: `SPIKE_FACTOR` times the recent median
-    and back above `start_level`, the loss training started from.
+def blew_up(loss: float, recent_level: float, start_level: float) -> bool:
+    """Whether `loss` jumped: `SPIKE_FACTOR` times the recent executions'
+    reference level and back above `start_level`, the loss training started
+    from. (A jump is a blow-up once it lasts `SPIKE_PERSISTENCE` executions.)
 
     Example:
 
-    >>> blew_up(0.02, recent_median=0.002, start_level=2.3)  # a converged model's wobble
+    >>> blew_up(0.02, recent_level=0.002, start_level=2.3)  # a converged model's wobble
     False
-    >>> blew_up(0.2, recent_median=0.01, start_level=2.3)  # a spike training recovers from
+    >>> blew_up(0.2, recent_level=0.01, start_level=2.3)  # a spike training recovers from
     False
-    >>> blew_up(40.0, recent_median=0.5, start_level=2.3)
+    >>> blew_up(40.0, recent_level=0.5, start_level=2.3)
     True
     """
-    return recent_median > 0 and loss > SPIKE_FACTOR * recent_median and loss > start_level
+    return recent_level > 0 and loss > SPIKE_FACTOR * recent_level and loss > start_level
 
 
 class DivergenceGuard(keras.callbacks.Callback):
@@ -148,6 +161,7 @@ class DivergenceGuard(keras.callbacks.Callback):
         self._snapshot_at = None
         self._recent = collections.deque(maxlen=200)
         self._start_level = None
+        self._jumps = []  # the losses of the executions in a row that jumped
         self._epoch = 0
         self._steps = 0  # steps of this epoch seen by this callback
         self._since_snapshot = 0
@@ -167,8 +181,11 @@ class DivergenceGuard(keras.callbacks.Callback):
 
     def _restore_snapshot(self) -> bool:
         """Puts the snapshot back; True when this epoch's metrics start again empty."""
-        for variable, value in zip(self.variables(), self._snapshot, strict=True):
-            variable.assign(value)
+        # The optimizer's variables hold its learning rate: the run's current one
+        # stays (each recovery halves it further), not the snapshot's.
+        with self.learning_rate.kept() if self.learning_rate is not None else contextlib.nullcontext():
+            for variable, value in zip(self.variables(), self._snapshot, strict=True):
+                variable.assign(value)
         emptied = self._snapshot_at[0] != self._epoch or self._snapshot_at[1] == 0
         if emptied:
             # The snapshot's metrics predate this epoch (an earlier epoch's,
@@ -219,7 +236,8 @@ class DivergenceGuard(keras.callbacks.Callback):
         if problem is None:
             self._undone_logs = None  # this execution's batches are in the metrics
             self._since_snapshot += steps
-            if self._since_snapshot >= self.snapshot_every_steps and self._steps % self.grad_accum_steps == 0:
+            if (self._since_snapshot >= self.snapshot_every_steps and self._steps % self.grad_accum_steps == 0
+                    and not self._jumps):
                 self._take_snapshot()
             return
         self._diverged(problem, logs or {})
@@ -247,13 +265,21 @@ class DivergenceGuard(keras.callbacks.Callback):
             # The first execution's loss: the closest to the untrained
             # model's (a median of later ones can already be converged).
             self._start_level = loss
+        problem = None
         if len(self._recent) >= SPIKE_WARMUP:
-            median = float(np.median(self._recent))
-            if blew_up(loss, median, self._start_level):
-                return (f"the loss jumped to {loss:.4g}, {loss / median:.0f}x the median {median:.4g} of recent "
-                        f"steps (training started near {self._start_level:.4g})")
+            level = float(np.percentile(self._recent, SPIKE_REFERENCE_PERCENTILE))
+            self._jumps = [*self._jumps, loss] if blew_up(loss, level, self._start_level) else []
+            if len(self._jumps) >= SPIKE_PERSISTENCE:
+                problem = (f"the loss jumped to {self._jumps[0]:.4g}, {self._jumps[0] / level:.0f}x the level "
+                           f"{level:.4g} of recent steps ({SPIKE_REFERENCE_PERCENTILE}th percentile), and stayed "
+                           f"there for {len(self._jumps)} executions (training started near "
+                           f"{self._start_level:.4g})")
+                for _ in self._jumps[1:]:  # the blown-up weights' losses: rolled back, not a level to keep
+                    self._recent.pop()
+                self._jumps = []
+                return problem
         self._recent.append(loss)
-        return None
+        return problem
 
     def _diverged(self, problem: str, logs: dict) -> None:
         where = f"epoch {self._epoch + 1}, step {self._steps}"

@@ -69,6 +69,16 @@ class LearningRateControl:
         target.assign(target * factor)
         self.factor *= factor
 
+    @contextlib.contextmanager
+    def kept(self):
+        """Keeps the rate through a block that puts the optimizer's variables back (a rollback)."""
+        rate = _compat.learning_rate_store(self._inner)
+        target = rate.scale if isinstance(rate, ScaledSchedule) else rate
+        value = target.numpy() if isinstance(target, keras.Variable) else None
+        yield
+        if value is not None:
+            target.assign(value)
+
     def current(self) -> float:
         return float(keras.ops.convert_to_numpy(self._inner.learning_rate))
 
