@@ -83,6 +83,35 @@ def test_class_weight_multiplies_into_sample_weight():
     _assert_same_weights(keras_model, ours)
 
 
+class _BatchCount(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.train_batches = self.test_batches = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.train_batches += 1
+
+    def on_test_batch_end(self, batch, logs=None):
+        self.test_batches += 1
+
+
+def test_validation_split_takes_a_string_tensor_as_keras_does():
+    # NumPy holds a string tensor's values as objects, which Keras's split refuses ("Invalid dtype: object").
+    words = np.array(["good movie", "bad film", "great plot", "awful acting"] * 10)
+    labels = np.array([1, 0, 1, 0] * 10, dtype="int32")
+    vectorize = keras.layers.TextVectorization(max_tokens=20, output_sequence_length=2)
+    vectorize.adapt(words)
+    inputs = keras.Input((1,), dtype="string")
+    pooled = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(20, 4)(vectorize(inputs)))
+    model = keras.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(pooled))
+    model.compile("adam", "binary_crossentropy")
+    counted = _BatchCount()
+    result = kerasfast.fit(model, tf.constant(words[:, None]), labels, epochs=1, batch_size=8, validation_split=0.2,
+                           callbacks=[counted], run_dir=False, verbose=0)
+    assert counted.train_batches == 4 and counted.test_batches == 1  # 32 rows to train, the last 8 to validate
+    assert np.isfinite(result.history.history["val_loss"]).all()
+
+
 def test_validation_split_is_refused_for_a_dataset_as_keras_refuses_it():
     with pytest.raises(kerasfast.DataError, match="validation_split= only works for arrays"):
         kerasfast.fit(_model(), ARGUMENTS["dataset"]["x"], validation_split=0.2, run_dir=False, verbose=0)

@@ -79,6 +79,8 @@ def _as_array(leaf):
 
     if leaf is None or isinstance(leaf, tf.RaggedTensor) or _compat.is_sparse(leaf):
         return leaf  # kept as they are: array_dataset gathers their rows
+    if isinstance(leaf, tf.Tensor) and leaf.dtype == tf.string:
+        return leaf  # NumPy would hold its strings as objects, which Keras's validation split refuses
     if hasattr(leaf, "to_numpy") and not hasattr(leaf, "numpy"):  # pandas DataFrame / Series
         return leaf.to_numpy()
     return np.asarray(leaf)  # NumPy arrays, tf / Keras tensors, lists of numbers
