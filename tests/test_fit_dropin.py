@@ -939,6 +939,42 @@ def test_a_callback_of_the_users_that_sets_the_rate_gets_a_constant_rate_to_set(
     np.testing.assert_allclose(warm_up.rates, [1e-3, 2e-3, 3e-3], rtol=1e-6)
 
 
+def _set_rate(optimizer, rate):
+    optimizer.learning_rate = rate
+
+
+class _HalvingThroughAHelper(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        _set_rate(self.model.optimizer, float(self.model.optimizer.learning_rate) / 2)
+
+
+@pytest.mark.parametrize("callback", [
+    _HalvingThroughAHelper(),
+    keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: _set_rate(MODEL_OF_LAMBDA[0].optimizer, 1e-4)),
+], ids=["a module-level helper", "a LambdaCallback"])
+def test_a_callback_setting_the_rate_through_other_code_gets_a_constant_rate(callback):
+    model = _uncompiled()
+    MODEL_OF_LAMBDA[:] = [model]
+    result = kerasfast.fit(model, X, Y, loss="sparse_categorical_crossentropy", batch_size=20, epochs=2,
+                           callbacks=[callback], run_dir=False, verbose=0)
+    assert result.plan.lr_schedule == "constant", result.plan.reasons["lr_schedule"]
+
+
+MODEL_OF_LAMBDA = []
+
+
+def test_a_callback_whose_code_cannot_be_read_setting_the_rate_is_named_with_the_fix():
+    namespace = {"keras": keras}
+    exec("class Unreadable(keras.callbacks.Callback):\n"  # no source file: its code cannot be read
+         "    def on_epoch_end(self, epoch, logs=None):\n"
+         "        self.model.optimizer.learning_rate = 1e-4\n", namespace)
+    with pytest.raises(kerasfast.PlanError, match=r"Unreadable set optimizer.learning_rate, but the run's learning "
+                                                  r"rate is the planned schedule lr_schedule='warmup_cosine'.*"
+                                                  r"lr_schedule='constant'"):
+        kerasfast.fit(_uncompiled(), X, Y, loss="sparse_categorical_crossentropy", batch_size=20, epochs=2,
+                      callbacks=[namespace["Unreadable"]()], run_dir=False, verbose=0)
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["kerasfast's optimizer", "a constant rate of the user's"])
 def test_a_planned_schedule_next_to_a_callback_that_sets_the_rate_is_refused_before_training(compiled):
     model = _model() if compiled else _uncompiled()

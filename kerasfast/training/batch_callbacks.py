@@ -10,10 +10,13 @@ execution (the plan names them); the others keep longer executions.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import re
 
 import keras
+
+from kerasfast.errors import PlanError
 
 # Every hook Keras calls per batch, in training, validation and prediction.
 BATCH_HOOKS = (
@@ -71,14 +74,32 @@ _SETS_RATE = re.compile(r"\.(?:learning_rate|lr)\s*=(?!=)|\.(?:learning_rate|lr)
 def _sets_learning_rate(callback) -> bool:
     if isinstance(callback, LEARNING_RATE_CALLBACKS):
         return True
-    kind = type(callback)
-    if _keras_own(kind) or kind.__module__.startswith("kerasfast."):
-        return False
+    return any(_SETS_RATE.search(source) for source in map(_source, _code_of(callback)))
+
+
+def _code_of(callback) -> list:
+    """The user's code a callback runs: its classes (not Keras's or
+    kerasfast's own), functions set on it (LambdaCallback's hooks), and the
+    module-level functions either calls by name (a `set_lr(...)` helper)."""
+    own = [kind for kind in type(callback).__mro__
+           if kind is not object and not (_keras_own(kind) or kind.__module__.startswith("kerasfast."))]
+    own += [value for value in vars(callback).values() if inspect.isfunction(value)]
+    functions = [value for part in own for value in vars(part).values() if inspect.isfunction(value)]
+    functions += [part for part in own if inspect.isfunction(part)]
+    called = []
+    for function in functions:
+        for name in function.__code__.co_names:
+            target = function.__globals__.get(name)
+            if inspect.isfunction(target) and not target.__module__.startswith(("keras", "kerasfast")):
+                called.append(target)
+    return own + called
+
+
+def _source(code) -> str:
     try:
-        source = inspect.getsource(kind)
+        return inspect.getsource(code)
     except (OSError, TypeError):  # defined where its source cannot be read (a REPL): not known
-        return False
-    return bool(_SETS_RATE.search(source))
+        return ""
 
 
 def _per_batch(callback) -> str | None:
@@ -115,3 +136,33 @@ def _overridden_hooks(kind) -> list[str]:
     empty ones: Keras's own (TerminateOnNaN) and the user's alike."""
     base = keras.callbacks.Callback
     return [hook for hook in BATCH_HOOKS if getattr(kind, hook) is not getattr(base, hook)]
+
+
+@contextlib.contextmanager
+def rate_setting_errors(plan):
+    """Keras's TypeError for a callback setting a rate that is a schedule, as
+    a `PlanError` naming the callback and the fix: a callback whose code
+    `learning_rate_callbacks` could not read (or reach) sets it."""
+    try:
+        yield
+    except TypeError as error:
+        if "not settable" not in str(error):
+            raise
+        who = _callback_in(error.__traceback__) or "a callback"
+        if plan.lr_schedule == "optimizer's own":
+            fix = "your optimizer's learning rate is a schedule, which Keras cannot set: compile with a constant rate"
+        else:
+            fix = (f"the run's learning rate is the planned schedule lr_schedule={plan.lr_schedule!r}, which sets it "
+                   "every step and which Keras cannot set: pass lr_schedule='constant' to leave the rate to it")
+        raise PlanError(f"{who} set optimizer.learning_rate, but {fix}.") from error
+
+
+def _callback_in(traceback) -> str | None:
+    """The class name of the innermost callback among a traceback's frames."""
+    found = None
+    while traceback is not None:
+        owner = traceback.tb_frame.f_locals.get("self")
+        if isinstance(owner, keras.callbacks.Callback) and not type(owner).__module__.startswith("kerasfast."):
+            found = type(owner).__name__
+        traceback = traceback.tb_next
+    return found

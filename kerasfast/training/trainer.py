@@ -18,6 +18,7 @@ from kerasfast.errors import PlanError
 from kerasfast.runs import DEFAULT_ROOT, new_run_dir, write_json
 from kerasfast.training import feed, optimizers, planning
 from kerasfast.training.backup import training_variables
+from kerasfast.training.batch_callbacks import rate_setting_errors
 from kerasfast.training.data_errors import errors_naming_the_data
 from kerasfast.training.guard import DivergenceGuard
 from kerasfast.training.loop import run_epochs
@@ -73,7 +74,7 @@ def train(run: Run, rate_control) -> None:
         run.guard = DivergenceGuard(**run.args.divergence, snapshot_every_steps=run.args.backup_every,
                                     grad_accum_steps=plan.grad_accum_steps, learning_rate=rate_control,
                                     variables=lambda: training_variables(model), is_chief=run.is_chief)
-        with scope_of(run.strategy), lost_peer_errors(run.distribution), \
+        with scope_of(run.strategy), lost_peer_errors(run.distribution), rate_setting_errors(plan), \
                 errors_naming_the_data(run.feed.x, run.feed.y, run.feed.validation_data, run.feed.validation_steps):
             run.history = run_epochs(
                 model, feed.training_stream(run), plan=plan, epochs=run.args.epochs,
