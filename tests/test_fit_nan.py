@@ -231,23 +231,33 @@ def test_outlier_batches_are_trained_through_as_keras_does():
     # Measured: with one step per execution, batches holding an outlier were
     # rolled back one after another until the run raised TrainingError.
     x, y = _heavy_tailed_regression()
-    runs = []
-    for trainer in ("keras", "kerasfast"):
-        keras.utils.set_random_seed(0)
+
+    def build():
         model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
         model.compile(loss="mse", optimizer=keras.optimizers.Adam(0.01))
-        options = dict(epochs=3, batch_size=8, shuffle=False, verbose=0)
+        return model
+
+    (keras_loss, keras_model), (fast_loss, fast_model) = _beside_keras(build, x, y, steps_per_execution=1, epochs=3,
+                                                                       batch_size=8)
+    np.testing.assert_allclose(fast_loss, keras_loss, rtol=1e-4)
+    assert float(fast_model.optimizer.learning_rate) == pytest.approx(float(keras_model.optimizer.learning_rate))
+
+
+def _beside_keras(build, x, y, *, steps_per_execution, **options):
+    """`[(losses, model)]` of `model.fit` then `kerasfast.fit` (which must not roll back) on `build()`'s model."""
+    runs, options = [], dict(shuffle=False, verbose=0, **options)
+    for trainer in ("keras", "kerasfast"):
+        keras.utils.set_random_seed(0)
+        model = build()
         if trainer == "keras":
             history = model.fit(x, y, **options).history
         else:
-            result = kerasfast.fit(model, x, y, steps_per_execution=1, precision="float32", jit_compile=False,
-                                   run_dir=False, **options)
+            result = kerasfast.fit(model, x, y, steps_per_execution=steps_per_execution, precision="float32",
+                                   jit_compile=False, run_dir=False, **options)
             assert result.recoveries == []
             history = result.history.history
-        runs.append((history["loss"], float(model.optimizer.learning_rate)))
-    (keras_loss, keras_rate), (fast_loss, fast_rate) = runs
-    np.testing.assert_allclose(fast_loss, keras_loss, rtol=1e-4)
-    assert fast_rate == pytest.approx(keras_rate)
+        runs.append((history["loss"], model))
+    return runs
 
 
 class _BlowUpAt(keras.callbacks.Callback):
@@ -308,35 +318,29 @@ class _ShiftedEpoch(keras.callbacks.Callback):
     """Scales the inputs by 1.8 for one epoch: the loss jumps far above the
     converged median, yet stays below where training started."""
 
-    def __init__(self, scale, epoch):
+    def __init__(self, epoch):
         super().__init__()
-        self.scale, self.epoch = scale, epoch
+        self.epoch = epoch
 
     def on_epoch_begin(self, epoch, logs=None):
-        self.scale.factor.assign(1.8 if epoch == self.epoch else 1.0)
+        scale = next(layer for layer in self.model.layers if isinstance(layer, _InputScale))
+        scale.factor.assign(1.8 if epoch == self.epoch else 1.0)
 
 
 def test_a_spike_below_the_starting_loss_is_trained_through_as_keras_does():
     # Measured on the image recipe's ResNet: Adam spikes (0.01 -> 0.2, starting
     # near 2.3) and a converged model's wobble were rolled back, halving the rate.
     x, y = _regression()
-    runs = []
-    for trainer in ("keras", "kerasfast"):
-        keras.utils.set_random_seed(0)
-        scale = _InputScale()
-        model = keras.Sequential([keras.Input((8,)), scale, keras.layers.Dense(16, activation="relu"),
+
+    def build():
+        model = keras.Sequential([keras.Input((8,)), _InputScale(), keras.layers.Dense(16, activation="relu"),
                                   keras.layers.Dense(1)])
         model.compile(loss="mse", optimizer=keras.optimizers.SGD(0.02))
-        options = dict(epochs=32, batch_size=32, shuffle=False, verbose=0, callbacks=[_ShiftedEpoch(scale, 28)])
-        if trainer == "keras":
-            history = model.fit(x, y, **options).history
-        else:
-            result = kerasfast.fit(model, x, y, steps_per_execution=16, precision="float32", jit_compile=False,
-                                   run_dir=False, **options)
-            assert result.recoveries == []
-            history = result.history.history
-        runs.append((history["loss"], model.get_weights()))
-    (keras_loss, keras_weights), (fast_loss, fast_weights) = runs
+        return model
+
+    (keras_loss, keras_model), (fast_loss, fast_model) = _beside_keras(build, x, y, steps_per_execution=16, epochs=32,
+                                                                       batch_size=32, callbacks=[_ShiftedEpoch(28)])
+    keras_weights, fast_weights = keras_model.get_weights(), fast_model.get_weights()
     assert keras_loss[28] > 10 * np.median(keras_loss[20:28]) and keras_loss[28] < keras_loss[0]  # the spike
     np.testing.assert_allclose(fast_loss, keras_loss, rtol=1e-5)
     for a, b in zip(fast_weights, keras_weights, strict=True):
