@@ -33,6 +33,72 @@ class _RestoreMetrics(keras.callbacks.Callback):
             self._values = None
 
 
+class _ResumedProgbar(keras.callbacks.ProgbarLogger):
+    """Keras's progress bar for an epoch resumed at `first_step`: it shows
+    the whole epoch's steps and counts on from there (Keras's own would show
+    the rest of the epoch as a whole one: "122/122")."""
+
+    def __init__(self, steps: int, first_step: int):
+        super().__init__()
+        self._steps, self._first_step = steps, first_step
+
+    def set_params(self, params):
+        super().set_params({**params, "steps": self._steps})
+
+    def _update_progbar(self, batch, logs=None):
+        super()._update_progbar(batch + self._first_step, logs)
+
+
+class _FromStep(keras.callbacks.Callback):
+    """A user's callback in an epoch resumed at `first_step`: its batch hooks
+    see the batch's index in the whole epoch and `params["steps"]` the
+    epoch's steps, as in the uninterrupted run; every other hook as it is."""
+
+    def __init__(self, callback, steps: int, first_step: int):
+        super().__init__()
+        self.callback, self._steps, self._first_step = callback, steps, first_step
+
+    def set_model(self, model):
+        self.callback.set_model(model)
+
+    def set_params(self, params):
+        self.callback.set_params({**params, "steps": self._steps})
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.callback.on_train_batch_begin(batch + self._first_step, logs)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.callback.on_train_batch_end(batch + self._first_step, logs)
+
+    def on_batch_begin(self, batch, logs=None):
+        self.callback.on_batch_begin(batch + self._first_step, logs)
+
+    def on_batch_end(self, batch, logs=None):
+        self.callback.on_batch_end(batch + self._first_step, logs)
+
+
+# Its other hooks reach the callback unchanged.
+for _hook in ("on_epoch_begin", "on_epoch_end", "on_train_begin", "on_train_end", "on_test_begin", "on_test_end",
+              "on_test_batch_begin", "on_test_batch_end", "on_predict_begin", "on_predict_end",
+              "on_predict_batch_begin", "on_predict_batch_end"):
+    setattr(_FromStep, _hook, lambda self, *args, _hook=_hook, **kwargs: getattr(self.callback, _hook)(*args, **kwargs))
+
+
+def _resumed_epoch_callbacks(callbacks: list, verbose, steps: int, first_step: int) -> list:
+    """`callbacks` for an epoch resumed at `first_step`: the user's with batch
+    hooks count its steps from there (kerasfast's own count them already),
+    and a progress bar that does too."""
+    from kerasfast.training.batch_callbacks import per_batch_callbacks
+
+    resumed = [_FromStep(callback, steps, first_step)
+               if per_batch_callbacks([callback]) and not type(callback).__module__.startswith("kerasfast.")
+               else callback for callback in callbacks]
+    has_progbar = any(isinstance(callback, keras.callbacks.ProgbarLogger) for callback in callbacks)
+    if verbose in (1, "auto") and not has_progbar:
+        resumed.append(_ResumedProgbar(steps, first_step))
+    return resumed
+
+
 def stream_factory(dataset, repeat: bool, autotune: bool = True):
     """`f(batches_done)` over one batched dataset: repeated when the epoch
     length is known (epochs are counted in steps), with the first
@@ -159,12 +225,13 @@ def run_epochs(model, stream_from, *, plan, epochs: int, callbacks: list, verbos
                                         shuffle=shuffle))
         if first_step and metric_values is not None:
             extra.append(_RestoreMetrics(metric_values))
+        phase_callbacks = _resumed_epoch_callbacks(callbacks, verbose, steps, first_step) if first_step else callbacks
         histories.append(model.fit(
             stream_from(done),
             initial_epoch=first_epoch,
             epochs=last_epoch,
             steps_per_epoch=phase_steps,
-            callbacks=extra + callbacks,
+            callbacks=extra + phase_callbacks,
             verbose=verbose,
             shuffle=False,  # the dataset shuffles itself; Keras would only warn
             **(validation or {}),
