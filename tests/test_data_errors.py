@@ -175,6 +175,18 @@ def test_a_damaged_first_record_is_named_like_any_other(dataset, damage):
         labels(ds)
 
 
+def test_a_damaged_record_is_named_by_the_count_read_whatever_the_shuffle(tmp_path):
+    n = 200  # enough records that the shuffle buffer spreads a short file's padding over several batches
+    kd.write_tfrecords({"x": np.arange(n), "label": np.arange(n) % 3}, tmp_path / "ds", shards=2, shuffle=False)
+    corrupt_data(shard(tmp_path / "ds"), 50)
+    assert kd.locate_damage(tmp_path / "ds").index == 50
+    named = re.escape(f"{shard(tmp_path / 'ds')} ends after 50 of the 100 records that schema.json promises for "
+                      f"it: record 50 is damaged")
+    for seed in range(3):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=named):
+            labels(kd.tfrecord_dataset(tmp_path / "ds", batch_size=8, seed=seed))
+
+
 # -- never silently short: every pass counts each file against schema.json ---------
 
 def cut_at_record(path, index):
@@ -516,6 +528,36 @@ def test_damage_error_falls_back_to_the_original_message_and_the_files(dataset, 
     assert "finds no damage" in message and shard(dataset, 0) in message and "same first dimension" in message
     missing = str(kd.damage_error(tmp_path / "gone", tf.errors.DataLossError(None, None, "corrupted record at 0")))
     assert "gone not found" in missing and "TensorFlow said: DataLossError: corrupted record at 0" in missing
+
+
+def _edit_schema(path, edit):
+    schema = json.loads(path.read_text())
+    path.write_text(json.dumps(edit(schema)))
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda s: [], r" is not a kerasfast schema: it holds a JSON list, not an object"),
+    (lambda s: {**s, "features": [{**s["features"][0], "shape": "abc"}, *s["features"][1:]]},
+     r": features\[0\]\.shape is \"abc\", which should be a list of whole numbers"),
+    (lambda s: {**s, "features": [{**s["features"][0], "dtype": "float99"}, *s["features"][1:]]},
+     r": features\[0\]\.dtype is \"float99\", which should be one of \['bool'"),
+    (lambda s: {**s, "features": [{"name": "x"}, *s["features"][1:]]}, r": features\[0\] has no 'dtype' entry"),
+    (lambda s: {**s, "shards": [{**s["shards"][0], "num_records": "x"}, *s["shards"][1:]]},
+     r": shards\[0\]\.num_records is \"x\", which should be a whole number"),
+    (lambda s: {**s, "num_records": -3}, r": num_records is -3, which should be a whole number of records"),
+    (lambda s: {**s, "features": None}, r": features is null, which should be a list of features"),
+    (lambda s: {**s, "label": 5}, r": label is 5, which should be a feature name or null"),
+    (lambda s: {**s, "label": "z"}, r": label 'z' is not one of the features \['x', 'y'\]"),
+    (lambda s: {**s, "compression": "lz4"}, r": compression='lz4' is not supported"),
+    (lambda s: {**s, "version": "one"}, r": version is \"one\", which should be a whole number"),
+], ids=["top-level list", "shape", "dtype", "feature entry missing", "shard count", "num_records", "features null",
+        "label type", "label name", "compression", "version"])
+def test_a_malformed_schema_json_is_named_with_its_entry_and_value(dataset, edit, message):
+    _edit_schema(dataset / "schema.json", edit)
+    for read in (lambda: kd.tfrecord_dataset(dataset, batch_size=2), lambda: kd.check_tfrecords(dataset)):
+        with pytest.raises(DataError, match=re.escape(str(dataset / "schema.json")) + message) as caught:
+            read()
+        assert "re-run the conversion" in str(caught.value)
 
 
 # -- shard names must stay inside the dataset folder ---------------------------

@@ -408,9 +408,166 @@ def test_csv_floats_beyond_float32_are_refused_and_float64_keeps_them_exactly(tm
     path = tmp_path / "big.csv"
     path.write_text("a,label\n0.1,0\n1e300,1\n-2.5e-310,2\ninf,3\n")
     with pytest.raises(DataError, match=r"big\.csv line 3 has 1e300 in column 'a', beyond the range of float32 "
-                                        r"\(pass csv_dtypes=\{'a': 'float64'\} to keep it\)"):
+                                        r"\(pass csv_dtypes=\{'a': 'float64'\} \(kerasfast convert: --csv-dtype a=float64\) to keep it\)"):
         kd.write_tfrecords(str(path), tmp_path / "out", shards=1)
     result = kd.write_tfrecords(str(path), tmp_path / "out", shards=1, csv_dtypes={"a": "float64"})
     assert result.schema.feature("a").dtype == "float64"
     x, y = read_everything(tmp_path / "out")
     assert x.dtype == np.float64 and x[np.argsort(y)].tolist() == [0.1, 1e300, -2.5e-310, float("inf")]
+
+
+def test_a_nullable_int_column_keeps_one_dtype_and_a_missing_value_refuses_only_its_row(tmp_path, monkeypatch):
+    monkeypatch.setattr(sources, "CHUNK_RECORDS", 4)  # the <NA> falls in the third of several chunks
+    ids = pd.array(np.arange(12) + 2**53, dtype="Int64")  # int64 ids float64 would round
+    ids[9] = pd.NA
+    df = pd.DataFrame({"id": ids, "score": pd.array([0.5] * 11 + [None], dtype="Float64"), "label": np.arange(12)})
+    with pytest.raises(DataError, match=r"row 9 has a missing value \(<NA>\) in column 'id', an integer column "
+                                        r"\(Int64\) .*df\['id'\]\.fillna\(\.\.\.\).*astype\('float64'\)"):
+        kd.write_tfrecords(df, tmp_path / "out", shards=1, shuffle=False)
+    with pytest.warns(UserWarning, match="skipped 1 bad record"):
+        result = kd.write_tfrecords(df, tmp_path / "out", shards=1, shuffle=False, on_error="skip")
+    assert [location for location, _ in result.skipped] == ["row 9"]
+    assert result.schema.feature("id").dtype == "int64" and result.schema.feature("score").dtype == "float64"
+    x, y = read_everything(tmp_path / "out")
+    assert x["id"].dtype == np.int64 and x["id"].tolist() == [2**53 + i for i in range(12) if i != 9]
+    assert np.isnan(x["score"][-1]) and x["score"][:-1].tolist() == [0.5] * 10  # a float column keeps NaN
+
+
+def test_csv_blank_lines_and_short_rows_leave_int_columns_int64(tmp_path):
+    path = tmp_path / "ids.csv"
+    path.write_text("id,label\n16777217,0\n\n16777219,1\n5\n16777221,2\n\n")  # blank lines, a short row
+    with pytest.warns(UserWarning, match="skipped 1 bad record"):
+        result = kd.write_tfrecords(str(path), tmp_path / "out", shards=1, on_error="skip")
+    assert result.skipped == [(f"{path} line 5", "has 1 fields, the header has 2")]  # blank lines are no rows
+    assert {f.name: f.dtype for f in result.schema.features} == {"id": "int64", "label": "int64"}
+    x, y = read_everything(tmp_path / "out")
+    assert x.tolist() == [16777217, 16777219, 16777221] and y.tolist() == [0, 1, 2]  # float32 would round them
+
+
+def test_csv_empty_cell_in_an_int_column_is_refused_and_float64_reads_it_as_nan(tmp_path):
+    path = tmp_path / "gaps.csv"
+    path.write_text("id,label\n16777217,0\n,1\n16777219,0\n")
+    with pytest.raises(DataError, match=r"gaps\.csv line 3 has an empty cell in column 'id', whose type int64 "
+                                        r"\(inferred from the first rows\) cannot hold a missing value .*"
+                                        r"csv_dtypes=\{'id': 'float64'\} \(kerasfast convert: --csv-dtype id=float64\)"):
+        kd.write_tfrecords(str(path), tmp_path / "out", shards=1)
+    kd.write_tfrecords(str(path), tmp_path / "out", shards=1, csv_dtypes={"id": "float64"})
+    x, y = read_everything(tmp_path / "out")
+    assert x[0] == 16777217 and np.isnan(x[1]) and x[2] == 16777219 and y.tolist() == [0, 1, 0]
+
+
+def test_an_out_dir_inside_the_image_folder_is_no_class_and_an_empty_class_folder_is_named(tmp_path):
+    root = tmp_path / "photos"
+    for label, cls in enumerate(["cat", "dog"]):
+        _write_image(root / cls / "0.png", np.full((4, 4, 3), label, np.uint8), "png")
+    for _ in range(2):  # the second run finds the first run's dataset inside the folder
+        result = kd.write_tfrecords(str(root), root / "_tfr", shards=1)
+        assert result.schema.classes == ["cat", "dog"] and result.notes == []
+        x, y = read_everything(root / "_tfr")
+        assert {int(label): int(image[0, 0, 0]) for image, label in zip(x, y, strict=True)} == {0: 0, 1: 1}
+
+    (root / "bird").mkdir()  # no images: still a class, as for Keras, but named
+    with pytest.warns(UserWarning, match=r"1 class folder\(s\) hold no PNG/JPEG image: .*bird \(class 0\)"):
+        result = kd.write_tfrecords(str(root), tmp_path / "out", shards=1)
+    assert result.schema.classes == ["bird", "cat", "dog"]  # the dataset in photos/_tfr is no class either
+    assert "1 folder(s) holding a kerasfast dataset" in result.notes[0] and "bird (class 0)" in result.notes[1]
+
+
+def test_parquet_categorical_columns_are_decoded_and_a_null_in_an_int_list_refuses_its_row(tmp_path):
+    df = pd.DataFrame({"color": pd.Categorical(["red", "blue", "red"]), "label": [0, 1, 0]})
+    df.to_parquet(tmp_path / "cat.parquet")  # a dictionary<string> column
+    kd.write_tfrecords(str(tmp_path / "cat.parquet"), tmp_path / "out", shards=1, shuffle=False)
+    x, y = read_everything(tmp_path / "out")
+    assert x.tolist() == [b"red", b"blue", b"red"] and y.tolist() == [0, 1, 0]
+
+    table = pa.table({"v": pa.array([[1, 2], [3, None], [5, 6]]), "w": pa.array([[0.5], [1.5], [None]]),
+                      "label": [0, 1, 2]})
+    pq.write_table(table, tmp_path / "nulls.parquet")
+    with pytest.raises(DataError, match=r"nulls\.parquet row 1 has a missing value \(null\) at position 1 of the "
+                                        r"list in column 'v', whose int64 values cannot hold one; fill it"):
+        kd.write_tfrecords(str(tmp_path / "nulls.parquet"), tmp_path / "out2", shards=1)
+    with pytest.warns(UserWarning, match="skipped 1 bad record"):
+        result = kd.write_tfrecords(str(tmp_path / "nulls.parquet"), tmp_path / "out2", shards=1, on_error="skip")
+    assert result.num_records == 2 and result.skipped[0][0].endswith("nulls.parquet row 1")
+    x, y = read_everything(tmp_path / "out2")
+    assert x["v"].tolist() == [[1, 2], [5, 6]] and y.tolist() == [0, 2]
+    assert x["w"][0].tolist() == [0.5] and np.isnan(x["w"][1][0])  # a null in a float list is NaN
+
+
+def test_a_ragged_column_of_a_dict_of_lists_is_named_with_the_fix(tmp_path):
+    with pytest.raises(DataError, match=r"feature 'tokens' is not a rectangular array .*pad the lists to one length"):
+        kd.write_tfrecords({"tokens": [[1, 2], [3], [4, 5]], "label": [0, 1, 0]}, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_image_encoding_jpeg_refuses_rgba_arrays_and_an_encoding_that_applies_to_nothing_is_named(tmp_path):
+    rgba = np.random.default_rng(0).integers(0, 256, (3, 8, 8, 4), dtype=np.uint8)
+    with pytest.raises(DataError, match=r"feature 'image' is a uint8 image with 4 channels \(RGBA\), which "
+                                        r"image_encoding='jpeg' cannot store: JPEG has no alpha channel. Pass "
+                                        r"image_encoding='png'"):
+        kd.write_tfrecords({"image": rgba}, tmp_path / "out", image_encoding="jpeg", shards=1)
+    result = kd.write_tfrecords({"image": rgba}, tmp_path / "out", image_encoding="png", shards=1, shuffle=False)
+    assert result.schema.feature("image").encoding == "png"
+    np.testing.assert_array_equal(read_everything(tmp_path / "out")["image"], rgba)
+
+    floats = rgba.astype(np.float32)
+    with pytest.warns(UserWarning, match=r"image_encoding='jpeg' applies to no feature: none is a uint8 array"):
+        result = kd.write_tfrecords({"image": floats}, tmp_path / "out", image_encoding="jpeg", shards=1)
+    assert result.schema.feature("image").encoding == "raw" and "applies to no feature" in result.notes[0]
+
+
+def test_cli_convert_takes_csv_dtypes_and_refuses_label_with_no_label(tmp_path, monkeypatch):
+    monkeypatch.setattr(sources, "CHUNK_RECORDS", 4)  # 'N/A' comes after the rows the types are inferred from
+    path = tmp_path / "late.csv"
+    path.write_text("a,label\n" + "".join(f"{i},{i % 2}\n" for i in range(6)) + "N/A,0\n")
+    runner = CliRunner()
+    refused = runner.invoke(convert_command, [str(path), str(tmp_path / "out")])
+    assert refused.exit_code == 1 and "(kerasfast convert: --csv-dtype a=string)" in refused.output
+    assert "(kerasfast convert: --on-error skip)" in refused.output
+    out = runner.invoke(convert_command, [str(path), str(tmp_path / "out"), "--csv-dtype", "a=string",
+                                          "--csv-dtype", "label=int64", "--shards", "1"])
+    assert out.exit_code == 0, out.output
+    assert "column types: a=string, label=int64" in out.output
+    x, y = read_everything(tmp_path / "out")
+    assert sorted(x.tolist()) == [b"0", b"1", b"2", b"3", b"4", b"5", b"N/A"] and len(y) == 7
+    bad = runner.invoke(convert_command, [str(path), str(tmp_path / "o2"), "--csv-dtype", "a"])
+    assert bad.exit_code == 2 and "'a': use COLUMN=DTYPE" in bad.output
+    both = runner.invoke(convert_command, [str(path), str(tmp_path / "o2"), "--label", "a", "--no-label"])
+    assert both.exit_code == 2 and "--label a and --no-label contradict each other" in both.output
+    assert not (tmp_path / "o2").exists()
+
+
+@pytest.mark.parametrize("delimiter", [";", "|", "\t"], ids=["semicolon", "pipe", "tab"])
+def test_csv_delimiter_is_found_in_the_header(tmp_path, delimiter):
+    path = tmp_path / "semi.csv"
+    path.write_text("".join(delimiter.join(row) + "\n" for row in [["a", "b", "label"], ["1", "2,5", "0"],
+                                                                       ["3", "4", "1"]]))
+    result = kd.write_tfrecords(str(path), tmp_path / "out", shards=1, shuffle=False)
+    assert result.schema.feature_names == ["a", "b", "label"] and result.schema.label == "label"
+    assert f"delimiter {delimiter!r}, found in the header of {path}" in result.notes
+    x, y = read_everything(tmp_path / "out")
+    assert x["a"].tolist() == [1, 3] and x["b"].tolist() == [b"2,5", b"4"] and y.tolist() == [0, 1]
+
+
+def test_csv_fields_longer_than_pythons_default_limit_are_read(tmp_path):
+    text = "word " * 40_000  # 200,000 characters, beyond csv.field_size_limit()'s default of 131,072
+    path = tmp_path / "docs.csv"
+    path.write_text(f'text,label\n"{text}",1\nshort,0\n')
+    kd.write_tfrecords(str(path), tmp_path / "out", shards=1, shuffle=False)
+    x, y = read_everything(tmp_path / "out")
+    assert x.tolist() == [text.encode(), b"short"] and y.tolist() == [1, 0]
+
+
+@pytest.mark.parametrize("text_unit", ["line", "file"])
+def test_a_text_corpus_that_is_not_utf8_is_named_with_the_byte(tmp_path, text_unit):
+    (tmp_path / "bom.txt").write_bytes("first line\nsecond line\n".encode("utf-16"))  # Notepad's "Unicode"
+    with pytest.raises(DataError, match=r"bom\.txt is not UTF-8 text: it is UTF-16 \(it starts with UTF-16's "
+                                        r"byte-order mark, 0xff at byte 0.*iconv -f utf-16 -t utf-8"):
+        kd.write_tfrecords(str(tmp_path / "bom.txt"), tmp_path / "out", text_unit=text_unit)
+    (tmp_path / "nobom.txt").write_bytes("ok\n".encode() + "first line\n".encode("utf-16-le"))
+    with pytest.raises(DataError, match=r"nobom\.txt is not UTF-8 text: byte 4 \(line 2\) is 0x00 \(NUL\)"):
+        kd.write_tfrecords(str(tmp_path / "nobom.txt"), tmp_path / "out", text_unit=text_unit)
+    (tmp_path / "latin1.txt").write_bytes("caf\u00e9\n".encode("utf-8") + "caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(DataError, match=r"latin1\.txt is not UTF-8 text: byte 9 \(line 2\) is 0xe9.*> utf8\.txt\."):
+        kd.write_tfrecords(str(tmp_path / "latin1.txt"), tmp_path / "out", text_unit=text_unit)
+    assert not (tmp_path / "out").exists()

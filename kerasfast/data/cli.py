@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from kerasfast.data.sources import CSV_PARSERS
 from kerasfast.errors import DataError
 
 
@@ -27,8 +28,11 @@ from kerasfast.errors import DataError
 @click.option("--overwrite/--no-overwrite", default=True, show_default=True,
               help="Replace a dataset already in OUT_DIR.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the write-time shuffle.")
+@click.option("--csv-dtype", "csv_dtype", multiple=True, metavar="COLUMN=DTYPE",
+              help=f"Type of a CSV column instead of the inferred one, DTYPE one of {', '.join(sorted(CSV_PARSERS))} "
+                   "(repeat for several columns), e.g. --csv-dtype id=int64.")
 def convert_command(source, out_dir, shards, compression, label, no_label, image_encoding, text_unit,
-                    source_type, on_error, overwrite, seed):
+                    source_type, on_error, overwrite, seed, csv_dtype):
     """Convert SOURCE (Parquet/CSV/text file, folder or glob, or an image folder
     with one sub-folder per class) into TFRecord shards in OUT_DIR, with a
     schema.json that `kerasfast.data.tfrecord_dataset` reads."""
@@ -38,6 +42,9 @@ def convert_command(source, out_dir, shards, compression, label, no_label, image
     from kerasfast.data.sources import AUTO
     from kerasfast.data.writer import write_tfrecords
 
+    if label is not None and no_label:
+        raise click.UsageError(f"--label {label} and --no-label contradict each other: pass one of them.")
+    csv_dtypes = _csv_dtypes(csv_dtype)
     console = Console(stderr=True)
     with Progress(TextColumn("converting"), BarColumn(), MofNCompleteColumn(), TextColumn("records"),
                   TimeElapsedColumn(), console=console, transient=True) as bar:
@@ -51,6 +58,7 @@ def convert_command(source, out_dir, shards, compression, label, no_label, image
                 source, out_dir, shards=shards, compression=None if compression.lower() == "none" else compression,
                 label=None if no_label else (label or AUTO), image_encoding=image_encoding, text_unit=text_unit,
                 source_type=source_type, on_error=on_error, overwrite=overwrite, seed=seed, progress=progress,
+                csv_dtypes=csv_dtypes,
             )
         except DataError as exc:
             raise click.ClickException(str(exc)) from exc
@@ -62,3 +70,15 @@ def convert_command(source, out_dir, shards, compression, label, no_label, image
     if len(result.skipped) > 20:
         click.echo(f"skipped: ... and {len(result.skipped) - 20} more")
     click.echo(f"schema: {result.schema_path}")
+
+
+def _csv_dtypes(options) -> dict:
+    """`--csv-dtype COLUMN=DTYPE` options as write_tfrecords's csv_dtypes; the last wins for a column named
+    twice, as for any repeated option."""
+    csv_dtypes = {}
+    for option in options:
+        column, sep, dtype = option.rpartition("=")
+        if not sep or not column:
+            raise click.BadParameter(f"{option!r}: use COLUMN=DTYPE, e.g. id=int64.", param_hint="--csv-dtype")
+        csv_dtypes[column] = dtype
+    return csv_dtypes

@@ -46,8 +46,11 @@ DEFAULT_READ_BLOCK = 16
 # The padding costs nothing per record; counting each file's records inside
 # the pipeline cost more than the reading itself.
 SHORT_FILE_MARK = "\x00kerasfast-short-file\x00"
-# Where the padding's error says how many records were read: the padding's own
-# index in its file, known only when the error is raised.
+# Where the padding's error says how many records were read, known only when the
+# error is raised: a padding record's index in its file less its index among the
+# padding (each carries the latter, "<k>:" after the mark). Its index in its file
+# alone would say so only for the first padding record, which a shuffle may put
+# in a later batch than another.
 READ_COUNT = "<read>"
 # Each record travels with an id, file index * RECORD_ID_STRIDE + record
 # index in its file, which becomes its name in `parse_example`: TensorFlow's
@@ -779,10 +782,12 @@ def _raise_on_short_files(ids, serialized):
 
     padding = tf.strings.substr(serialized, 0, len(SHORT_FILE_MARK)) == SHORT_FILE_MARK
 
-    def short():  # built only when a file is short: the padding's place in its file is the records read
+    def short():  # built only when a file is short
         first = tf.argmax(tf.cast(padding, tf.int32))
-        message = tf.strings.regex_replace(tf.strings.substr(serialized[first], len(SHORT_FILE_MARK), -1),
-                                           READ_COUNT, tf.strings.as_string(ids[first] % RECORD_ID_STRIDE))
+        among_padding, message = tf.unstack(tf.strings.split(
+            tf.strings.substr(serialized[first], len(SHORT_FILE_MARK), -1), sep=":", maxsplit=1), num=2)
+        read = ids[first] % RECORD_ID_STRIDE - tf.strings.to_number(among_padding, tf.int64)
+        message = tf.strings.regex_replace(message, READ_COUNT, tf.strings.as_string(read))
         with tf.control_dependencies([tf.debugging.Assert(False, [message], summarize=1)]):
             return tf.identity(serialized)
 
@@ -922,8 +927,10 @@ def _counted_records(path, records, first_id, count, read_block: int):
     # which ignore_errors() would repeat forever: reading the file's first
     # byte, unguarded, fails there instead, named by TensorFlow.
     opened = tf.data.FixedLengthRecordDataset(path, 1, buffer_size=1).take(1).filter(lambda _: False)
-    padding = tf.data.Dataset.from_tensors(tf.strings.join([SHORT_FILE_MARK, _short_file_message(path, count)]))
-    counted = opened.concatenate(records.ignore_errors()).concatenate(padding.repeat()).take(count)
+    message = _short_file_message(path, count)
+    padding = tf.data.Dataset.range(count).map(
+        lambda k: tf.strings.join([SHORT_FILE_MARK, tf.strings.as_string(k), ":", message]))
+    counted = opened.concatenate(records.ignore_errors()).concatenate(padding).take(count)
     # Exactly `count` records: their ids are a range, paired block by block (cheaper than one by one).
     ids = tf.data.Dataset.range(first_id, first_id + count)
     if read_block > 1:

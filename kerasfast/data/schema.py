@@ -206,26 +206,48 @@ class Schema:
 
     @classmethod
     def from_json(cls, obj: Mapping, *, path: str = "<schema>") -> "Schema":
+        """The schema that `obj` (the JSON of a schema file at `path`) describes.
+
+        Raises:
+            DataError: naming `path`, the entry (e.g. ``features[0].shape``) and
+                its value, when the JSON is not a kerasfast schema (a file
+                edited by hand, damaged or written by another program).
+        """
+        if not isinstance(obj, Mapping):
+            raise DataError(f"{path} is not a kerasfast schema: it holds a JSON {type(obj).__name__}, not an object "
+                            f"with 'format': {SCHEMA_FORMAT!r}; re-run the conversion to write it again.")
         if obj.get("format") != SCHEMA_FORMAT:
             raise DataError(f"{path} is not a kerasfast schema (format={obj.get('format')!r}).")
-        if int(obj.get("version", 0)) > SCHEMA_VERSION:
+        entry = _SchemaEntries(path)
+        version = entry.check("version", obj.get("version", 0), _is_count, "a whole number")
+        if version > SCHEMA_VERSION:
             raise DataError(
                 f"{path} has schema version {obj.get('version')}, newer than this kerasfast reads "
                 f"({SCHEMA_VERSION}); upgrade kerasfast."
             )
+        if "features" not in obj:
+            raise DataError(f"{path} has no 'features' entry; re-run the conversion to write it again.")
+        features = entry.check("features", obj["features"], lambda v: isinstance(v, list), "a list of features")
+        shards = entry.check("shards", obj.get("shards", []), lambda v: isinstance(v, list), "a list of shards")
         try:
             schema = cls(
-                features=[FeatureSchema.from_json(f) for f in obj["features"]],
-                label=obj.get("label"),
+                features=[entry.feature(f"features[{i}]", f) for i, f in enumerate(features)],
+                label=entry.check("label", obj.get("label"), _is_name_or_none, "a feature name or null"),
                 compression=obj.get("compression"),
-                num_records=obj.get("num_records"),
-                shards=[ShardInfo(**s) for s in obj.get("shards", [])],
-                classes=obj.get("classes"),
+                num_records=entry.check("num_records", obj.get("num_records"),
+                                        lambda v: v is None or _is_count(v), "a whole number of records or null"),
+                shards=[entry.shard(f"shards[{i}]", s) for i, s in enumerate(shards)],
+                classes=entry.check("classes", obj.get("classes"), lambda v: v is None or isinstance(v, list),
+                                    "a list of class names or null"),
                 source=obj.get("source"),
-                shuffled=bool(obj.get("shuffled", False)),
+                shuffled=entry.check("shuffled", obj.get("shuffled", False), lambda v: isinstance(v, bool),
+                                     "true or false"),
             )
-        except (KeyError, TypeError) as exc:
-            raise DataError(f"{path} is not a valid kerasfast schema ({exc}); re-run the conversion.") from exc
+        except DataError as exc:
+            if str(exc).startswith(path):
+                raise
+            # FeatureSchema and Schema check their own arguments, without knowing the file.
+            raise DataError(f"{path}: {exc} (re-run the conversion, or correct the entry there)") from exc
         for shard in schema.shards:
             check_shard_name(shard.file, path)
         return schema
@@ -299,6 +321,57 @@ class Schema:
                 shape = (int(image_size[0]), int(image_size[1]), shape[2])
             out[f.name] = tf.TensorSpec(shape, tf.string if f.dtype == "string" else tf.as_dtype(f.dtype))
         return out
+
+
+def _is_count(value) -> bool:
+    """A whole number >= 0 as JSON gives it (bool is an int in Python, but not a count)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_name_or_none(value) -> bool:
+    return value is None or isinstance(value, str)
+
+
+# dtypes a feature of a schema file may have: what `write_tfrecords` stores.
+SCHEMA_DTYPES = tuple(dict.fromkeys((*RAW_DTYPES, *INT_LIST_DTYPES, *FLOAT_LIST_DTYPES, "string")))
+
+
+class _SchemaEntries:
+    """Checks the entries of a schema file, each error naming the file, the entry and its value."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def check(self, key: str, value, ok, expected: str):
+        """`value` (the entry `key`) if `ok(value)`; else a DataError saying what it should be."""
+        if not ok(value):
+            raise DataError(f"{self.path}: {key} is {json.dumps(value)}, which should be {expected}; the file was "
+                            f"edited or damaged: re-run the conversion to write it again, or correct {key} there.")
+        return value
+
+    def fields(self, key: str, obj, names: tuple) -> Mapping:
+        self.check(key, obj, lambda v: isinstance(v, Mapping), "an object with " + ", ".join(map(repr, names)))
+        missing = [n for n in names if n not in obj]
+        if missing:
+            raise DataError(f"{self.path}: {key} has no {missing[0]!r} entry ({json.dumps(obj)}); re-run the "
+                            f"conversion to write it again.")
+        return obj
+
+    def feature(self, key: str, obj) -> FeatureSchema:
+        obj = self.fields(key, obj, ("name", "dtype", "shape", "encoding"))
+        name = self.check(f"{key}.name", obj["name"], lambda v: isinstance(v, str), "a string")
+        dtype = self.check(f"{key}.dtype", obj["dtype"], lambda v: v in SCHEMA_DTYPES,
+                           f"one of {list(SCHEMA_DTYPES)}")
+        shape = self.check(f"{key}.shape", obj["shape"], lambda v: isinstance(v, list) and all(
+            d is None or _is_count(d) for d in v), "a list of whole numbers (null for a size that varies)")
+        encoding = self.check(f"{key}.encoding", obj["encoding"], lambda v: v in ENCODINGS, f"one of {list(ENCODINGS)}")
+        return FeatureSchema(name, dtype, tuple(shape), encoding)
+
+    def shard(self, key: str, obj) -> "ShardInfo":
+        obj = self.fields(key, obj, ("file", "num_records", "num_bytes"))
+        return ShardInfo(self.check(f"{key}.file", obj["file"], lambda v: isinstance(v, str), "a file name"),
+                         self.check(f"{key}.num_records", obj["num_records"], _is_count, "a whole number"),
+                         self.check(f"{key}.num_bytes", obj["num_bytes"], _is_count, "a whole number"))
 
 
 def _feature_decoder(f: FeatureSchema, image_size):

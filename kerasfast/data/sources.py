@@ -20,14 +20,19 @@ import glob
 import io
 import itertools
 import os
+import sys
+import warnings
 from typing import Any, Iterable, Mapping
 
 import numpy as np
 
 from kerasfast.data.messages import tf_error_text
+from kerasfast.data.schema import SCHEMA_FILENAME
 from kerasfast.errors import DataError
 
 CHUNK_RECORDS = 1024
+# A folder holding one of these is a dataset `write_tfrecords` wrote (or is writing), never an image class.
+DATASET_MARKERS = (SCHEMA_FILENAME, SCHEMA_FILENAME + ".pending")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 TEXT_SUFFIXES = (".txt", ".text", ".md")
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -80,8 +85,12 @@ def open_source(
     source_type: str | None = None,
     text_unit: str = "line",
     csv_dtypes: Mapping[str, str] | None = None,
+    out_dir: str | os.PathLike | None = None,
 ) -> Source:
-    """Recognises `source` and returns it as a `Source` (see module docstring)."""
+    """Recognises `source` and returns it as a `Source` (see module docstring).
+
+    `out_dir`, where the records are written, is never read as part of the source (an image folder's
+    class, say, when the dataset is written inside the folder it converts)."""
     if source_type is not None and source_type not in SOURCE_TYPES:
         raise DataError(f"source_type={source_type!r} is not one of {SOURCE_TYPES}.")
     kind = source_type or _detect_kind(source)
@@ -94,7 +103,7 @@ def open_source(
     elif kind == "csv":
         src = _csv_source(_expand_files(source, CSV_SUFFIXES, "CSV"), csv_dtypes or {})
     elif kind == "images":
-        src = _image_folder_source(os.fspath(source), shuffle=shuffle, seed=seed)
+        src = _image_folder_source(os.fspath(source), shuffle=shuffle, seed=seed, out_dir=out_dir)
     elif kind == "text":
         src = _text_source(_expand_files(source, TEXT_SUFFIXES, "text"), text_unit)
     else:
@@ -211,7 +220,7 @@ def _arrays_source(source, *, shuffle, seed) -> Source:
                 raise DataError("the inputs dict already has a key 'y'; pass a single dict with a 'label' key instead.")
             columns["y"], label = source[1], "y"
     _refuse_name_clashes(list(columns), "the keys", "rename the keys so that each array has its own name")
-    columns = {str(k): np.asarray(v) for k, v in columns.items()}
+    columns = {str(k): _as_array(str(k), v, DataError) for k, v in columns.items()}
     lengths = {k: (len(v) if v.ndim else None) for k, v in columns.items()}
     scalars = [k for k, n in lengths.items() if n is None]
     if scalars:
@@ -233,24 +242,83 @@ def _arrays_source(source, *, shuffle, seed) -> Source:
     return Source(f"{n} records of NumPy arrays {sorted(columns)}", records, n, nbytes, label, shuffled=shuffle)
 
 
+def _as_array(name, value, error, location: str = "") -> np.ndarray:
+    """`value` as a NumPy array; a nested list of uneven lengths (ragged) is refused naming the feature.
+
+    Used for a dict's columns here and for each record's values by the writer."""
+    try:
+        return np.asarray(value)
+    except ValueError as exc:
+        where = f"{location}: " if location else ""
+        raise error(f"{where}feature {name!r} is not a rectangular array ({exc}); every record's feature needs "
+                    "one fixed shape: pad the lists to one length") from None
+
+
 def _dataframe_source(df, *, shuffle, seed) -> Source:
     n = len(df)
     _refuse_name_clashes(list(df.columns), "the DataFrame's columns",
                          "rename them so that each column has its own name (df.columns = [...])")
     columns = [str(c) for c in df.columns]
     label = "label" if "label" in columns else None
+    # Each column's NumPy dtype is decided here, once for the whole frame: pandas converts a nullable column
+    # (Int64, boolean, Float64) to float64 or object only where a chunk holds <NA>, which would change the
+    # feature's dtype from one chunk to the next (and round int64 ids beyond 2**53 on the way).
+    nullable = {column: _nullable_conversion(column, df.dtypes.iloc[position])
+                for position, column in enumerate(columns)}
 
     def records():
         order = np.random.default_rng(seed).permutation(n) if shuffle else np.arange(n)
         for start in range(0, n, CHUNK_RECORDS):
             idx = order[start:start + CHUNK_RECORDS]
             part = df.iloc[idx]
-            cols = {str(c): part[c].to_numpy() for c in part.columns}
+            cols, missing = {}, {}
+            for position, column in enumerate(columns):
+                values = part.iloc[:, position]
+                conversion = nullable[column]
+                if conversion is None:
+                    cols[column] = values.to_numpy()
+                    continue
+                cols[column] = values.to_numpy(dtype=conversion.dtype, na_value=conversion.na_value)
+                if conversion.refusal is not None:
+                    missing[column] = values.isna().to_numpy()
             for j, i in enumerate(idx):
+                absent = [c for c, mask in missing.items() if mask[j]]
+                if absent:
+                    yield f"row {i}", BadRecord(" and ".join(nullable[c].refusal for c in absent))
+                    continue
                 yield f"row {i}", {c: v[j] for c, v in cols.items()}
 
     nbytes = int(df.memory_usage(deep=False).sum())
     return Source(f"pandas DataFrame of {n} rows, columns {columns}", records, n, nbytes, label, shuffled=shuffle)
+
+
+@dataclasses.dataclass(frozen=True)
+class _NullableConversion:
+    """How a pandas nullable column (Int64, boolean, Float64, ...) becomes NumPy: one dtype for every row;
+    `refusal` is the reason a row with a missing value is refused, None where NaN stands for it."""
+
+    dtype: np.dtype
+    na_value: Any
+    refusal: str | None
+
+
+def _nullable_conversion(name: str, dtype) -> _NullableConversion | None:
+    """The conversion of a column of pandas dtype `dtype`, or None for a column `to_numpy` converts alike in
+    every chunk (a NumPy dtype, categorical, strings)."""
+    numpy_dtype = getattr(dtype, "numpy_dtype", None)
+    if numpy_dtype is None or type(dtype).__module__.split(".")[0] != "pandas":
+        return None
+    numpy_dtype = np.dtype(numpy_dtype)
+    if numpy_dtype.kind == "f":
+        return _NullableConversion(numpy_dtype, np.nan, None)
+    if numpy_dtype.kind not in "iub":
+        return None
+    # The value stored for <NA> is never written: the row is refused (or skipped) instead.
+    kind = "a boolean" if numpy_dtype.kind == "b" else "an integer"
+    return _NullableConversion(numpy_dtype, False if numpy_dtype.kind == "b" else 0, (
+        f"has a missing value (<NA>) in column {name!r}, {kind} column ({dtype}) that cannot hold one: fill "
+        f"the missing values (df[{name!r}].fillna(...)) or give the column a float dtype "
+        f"(df[{name!r}].astype('float64')), where a missing value becomes NaN"))
 
 
 def _refuse_name_clashes(keys: list, what: str, fix: str) -> None:
@@ -285,7 +353,6 @@ def _records_source(iterable) -> Source:
 
 def _parquet_source(files) -> Source:
     try:
-        import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise DataError("reading Parquet needs pyarrow: pip install 'pyarrow>=14'.") from exc
@@ -305,31 +372,49 @@ def _parquet_source(files) -> Source:
         elif names != columns:
             raise DataError(f"{f} has columns {names}, but {files[0]} has {columns}; convert them separately.")
 
-    def to_values(column, f, name, row0):
-        if column.null_count and not pa.types.is_floating(column.type):
-            raise DataError(f"{f}: column {name!r} has {column.null_count} missing values in rows from {row0}; "
-                            f"fill them (or use a float column, where they become NaN).")
-        if pa.types.is_integer(column.type) or pa.types.is_floating(column.type) or pa.types.is_boolean(column.type):
-            return column.to_numpy(zero_copy_only=False)
-        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type) or pa.types.is_binary(column.type):
-            return column.to_pylist()
-        if pa.types.is_list(column.type) or pa.types.is_fixed_size_list(column.type) or pa.types.is_large_list(column.type):
-            value_type = column.type.value_type.to_pandas_dtype()
-            return [np.asarray(v, dtype=value_type) for v in column.to_pylist()]
-        raise DataError(f"{f}: column {name!r} has type {column.type}, which cannot be stored; "
-                        f"convert it to numbers, strings or lists of numbers.")
-
     def records():
         for f in files:
             row = 0
             for batch in pq.ParquetFile(f).iter_batches(batch_size=CHUNK_RECORDS):
-                cols = {name: to_values(batch.column(i), f, name, row) for i, name in enumerate(batch.schema.names)}
+                cols = {name: _arrow_values(batch.column(i), f, name, row) for i, name in enumerate(batch.schema.names)}
                 for j in range(batch.num_rows):
-                    yield f"{f} row {row + j}", {k: v[j] for k, v in cols.items()}
+                    record = {k: v[j] for k, v in cols.items()}
+                    bad = next((v for v in record.values() if isinstance(v, BadRecord)), None)
+                    yield f"{f} row {row + j}", bad or record
                 row += batch.num_rows
 
     label = "label" if columns and "label" in columns else None
     return Source(f"{len(files)} Parquet file(s), {num_rows} rows", records, num_rows, nbytes, label)
+
+
+def _arrow_values(column, f, name, row0):
+    """The values of one column of a Parquet record batch (rows from `row0` of file `f`), one per row."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(column.type):
+        # What pandas writes for a categorical column: the values, stored once, and an index per row.
+        column = column.dictionary_decode()
+    if column.null_count and not pa.types.is_floating(column.type):
+        raise DataError(f"{f}: column {name!r} has {column.null_count} missing values in rows from {row0}; "
+                        f"fill them (or use a float column, where they become NaN).")
+    if pa.types.is_integer(column.type) or pa.types.is_floating(column.type) or pa.types.is_boolean(column.type):
+        return column.to_numpy(zero_copy_only=False)
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type) or pa.types.is_binary(column.type):
+        return column.to_pylist()
+    if pa.types.is_list(column.type) or pa.types.is_fixed_size_list(column.type) or pa.types.is_large_list(column.type):
+        return _arrow_list_values(column, name)
+    raise DataError(f"{f}: column {name!r} has type {column.type}, which cannot be stored; "
+                    f"convert it to numbers, strings or lists of numbers.")
+
+
+def _arrow_list_values(column, name: str) -> list:
+    """Each list of a pyarrow list column as an array, or a `BadRecord` for a list holding a null that its
+    value type has no value for (a null becomes NaN in a float list, as a null float cell does)."""
+    value_type = np.dtype(column.type.value_type.to_pandas_dtype())
+    return [np.asarray(v, dtype=value_type) if value_type.kind == "f" or None not in v else BadRecord(
+        f"has a missing value (null) at position {v.index(None)} of the list in column {name!r}, whose "
+        f"{column.type.value_type} values cannot hold one; fill it, or store the column as a list of "
+        f"floats, where a missing value becomes NaN") for v in column.to_pylist()]
 
 
 def _parse_int(text):
@@ -364,7 +449,7 @@ CSV_PARSERS = {
 
 
 def _infer_csv_type(values) -> str:
-    def all_parse(fn):
+    def all_parse(fn, values):
         for v in values:
             try:
                 fn(v)
@@ -373,7 +458,9 @@ def _infer_csv_type(values) -> str:
         return True
 
     non_empty = [v for v in values if v.strip()]
-    if non_empty and len(non_empty) == len(values) and all_parse(int):
+    # An empty cell does not make a column of whole numbers float: float32 would round values beyond 2**24
+    # (ids, labels) without a word. Such a cell is refused where it is met, naming csv_dtypes instead.
+    if non_empty and all_parse(int, non_empty):
         return "int64"
     if non_empty and all(_is_float(v) for v in non_empty):
         return "float32"
@@ -399,15 +486,20 @@ def _csv_source(files, csv_dtypes) -> Source:
         header = next(rows, (0, None))[1]
         if not header:
             raise DataError(f"{files[0]} is empty; a CSV file needs a header row with the column names.")
-        sample = [row for _, row in itertools.islice(rows, CHUNK_RECORDS)]
+        # Blank lines are no rows (as for csv.DictReader): one left at the end of a file would otherwise be
+        # sampled as a row of empty cells and turn every int64 column into float32.
+        sample = [row for _, row in itertools.islice((r for r in rows if r[1]), CHUNK_RECORDS)]
     finally:
         rows.close()
     if not sample:
         raise DataError(f"{files[0]} has a header but no rows; nothing to convert.")
     _check_csv_header(files[0], header, csv_dtypes)
+    # A row with another number of fields is a bad record when written; its cells are not steered by the
+    # header's columns, so they must not steer the columns' types either.
+    sample = [row for row in sample if len(row) == len(header)]
     types = {}
     for c, name in enumerate(header):
-        types[name] = csv_dtypes.get(name) or _infer_csv_type([row[c] if c < len(row) else "" for row in sample])
+        types[name] = csv_dtypes.get(name) or _infer_csv_type([row[c] for row in sample])
     parsers = [CSV_PARSERS[types[name]] for name in header]
 
     def records():
@@ -426,6 +518,10 @@ def _csv_source(files, csv_dtypes) -> Source:
     label = "label" if "label" in header else None
     src = Source(f"{len(files)} CSV file(s), columns {header}", records, None, nbytes, label)
     src.notes.append("column types: " + ", ".join(f"{k}={v}" for k, v in types.items()))
+    with open(files[0], newline="", encoding="utf-8-sig") as fh:
+        delimiter = _csv_delimiter(files[0], fh)
+    if delimiter != ("\t" if files[0].lower().endswith(".tsv") else ","):
+        src.notes.append(f"delimiter {delimiter!r}, found in the header of {files[0]}")
     return src
 
 
@@ -435,15 +531,46 @@ def _csv_rows(path):
     The encoding is UTF-8, with the byte-order mark Excel writes ("CSV UTF-8") dropped, which would
     otherwise become part of the first column's name.
     """
+    _allow_long_csv_fields()
     with open(path, newline="", encoding="utf-8-sig") as fh:
-        reader = csv.reader(fh, delimiter="\t" if path.lower().endswith(".tsv") else ",")
         try:
+            reader = csv.reader(fh, delimiter=_csv_delimiter(path, fh))
             for row in reader:
                 yield reader.line_num, row
         except UnicodeDecodeError as exc:
             raise _not_utf8_error(path, exc) from exc
         except csv.Error as exc:
             raise DataError(f"{path} line {reader.line_num} cannot be read as CSV ({exc}); fix that line.") from exc
+
+
+CSV_DELIMITERS = ",;\t|"
+
+
+def _csv_delimiter(path, fh) -> str:
+    """The delimiter of the CSV file open as `fh` (left at its start): a tab for .tsv; else a comma, unless
+    the header holds no comma and csv.Sniffer finds one of ';', tab or '|' in it (Excel writes ';' where
+    the comma is the decimal mark), which would otherwise be read as a single column without a word."""
+    if path.lower().endswith(".tsv"):
+        return "\t"
+    header = fh.readline()
+    fh.seek(0)
+    if "," in header or not any(d in header for d in CSV_DELIMITERS[1:]):
+        return ","
+    try:
+        return csv.Sniffer().sniff(header, delimiters=CSV_DELIMITERS[1:]).delimiter
+    except csv.Error:
+        return ","
+
+
+def _allow_long_csv_fields() -> None:
+    """Lifts Python's csv field limit (131,072 characters), which refuses valid files with long text cells
+    (a document per row). A runaway quote then makes one long field, a bad record by its field count."""
+    limit = sys.maxsize
+    while csv.field_size_limit() < limit:
+        try:
+            csv.field_size_limit(limit)
+        except OverflowError:  # a C long is 32 bits on Windows
+            limit //= 2
 
 
 def _not_utf8_error(path, exc: UnicodeDecodeError) -> DataError:
@@ -462,10 +589,37 @@ def _not_utf8_error(path, exc: UnicodeDecodeError) -> DataError:
                 break
             line += chunk.count(b"\n")
             start += len(chunk)
+    with open(path, "rb") as fh:
+        utf16 = fh.read(2) in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
+    suffix = os.path.splitext(path)[1]
+    if utf16:
+        return DataError(
+            f"{path} is not UTF-8 text: it is UTF-16 (it starts with UTF-16's byte-order mark, 0x{byte:02x} at byte "
+            f"0, which UTF-8 cannot decode); re-save it as UTF-8, e.g. iconv -f utf-16 -t utf-8 {path} > "
+            f"utf8{suffix}.")
+    excel = " (in Excel: 'CSV UTF-8')" if suffix.lower() in CSV_SUFFIXES else ""
     return DataError(
         f"{path} is not UTF-8 text: {where} is 0x{byte:02x}, which UTF-8 cannot decode (the file was likely "
-        f"saved as Latin-1 or Windows-1252); re-save it as UTF-8 (in Excel: 'CSV UTF-8'), e.g. "
-        f"iconv -f cp1252 -t utf-8 {path} > utf8.csv.")
+        f"saved as Latin-1 or Windows-1252); re-save it as UTF-8{excel}, e.g. "
+        f"iconv -f cp1252 -t utf-8 {path} > utf8{suffix}.")
+
+
+def _checked_text(path, data: bytes, start: int, line: int) -> bytes:
+    """`data` (the text of `path` from byte `start`, line `line`) if it is UTF-8 without NUL bytes. Text
+    records are stored as bytes, but a corpus in another encoding (UTF-16 above all, whose every other
+    byte is 0 for Latin letters, and whose line breaks are two bytes) would become garbage records."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _not_utf8_error(path, exc) from exc
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        line += data[:nul].count(b"\n")
+        raise DataError(
+            f"{path} is not UTF-8 text: byte {start + nul} (line {line}) is 0x00 (NUL), "
+            f"which text does not hold: the file is likely UTF-16 without a byte-order mark; re-save it as UTF-8, "
+            f"e.g. iconv -f utf-16le -t utf-8 {path} > utf8{os.path.splitext(path)[1]}.")
+    return data
 
 
 def _check_csv_header(path, header, csv_dtypes) -> None:
@@ -498,14 +652,24 @@ def _csv_record(header, parsers, types, csv_dtypes, row):
         try:
             parse(value)
         except OverflowError:
-            wider = "float64" if types[name] == "float32" else "float64' or 'string"
+            wider = "float64" if types[name] == "float32" else "string"
             problems.append(f"{value} in column {name!r}, beyond the range of {types[name]} (pass "
-                            f"csv_dtypes={{{name!r}: '{wider}'}} to keep it)")
+                            f"{_csv_dtype_hint(name, wider)} to keep it)")
         except ValueError:
             how = "given in csv_dtypes" if name in csv_dtypes else "inferred from the first rows"
+            if not value.strip():
+                problems.append(f"an empty cell in column {name!r}, whose type {types[name]} ({how}) cannot hold "
+                                f"a missing value (fill the cell, or pass {_csv_dtype_hint(name, 'float64')} to "
+                                f"read the column as float64, where an empty cell becomes NaN)")
+                continue
             problems.append(f"{value!r} in column {name!r}, which is not {types[name]} ({how}; pass "
-                            f"csv_dtypes={{{name!r}: 'string'}} (or 'float32') to read the column as that)")
+                            f"{_csv_dtype_hint(name, 'string')}, or 'float32', to read the column as that)")
     return BadRecord("has " + " and ".join(problems))
+
+
+def _csv_dtype_hint(name: str, dtype: str) -> str:
+    """How to give column `name` the type `dtype`, in Python and on the command line (CSV errors reach both)."""
+    return f"csv_dtypes={{{name!r}: {dtype!r}}} (kerasfast convert: --csv-dtype {name}={dtype})"
 
 
 def _image_format(data: bytes) -> str | None:
@@ -523,17 +687,35 @@ def _image_format(data: bytes) -> str | None:
 IMAGE_READ_CHANNELS = {1: 1, 2: 1, 3: 3, 4: 3}
 
 
-def _image_folder_source(root, *, shuffle, seed) -> Source:
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
-    items, ignored = [], 0
+def _image_files(root, classes, skip) -> tuple:
+    """`(items, ignored, empty)`: `(path, label)` of each image under the class folders, the count of other
+    files, and `(label, class)` of each class folder without images; the folder `skip` is not entered."""
+    items, ignored, empty = [], 0, []
     for label, cls in enumerate(classes):
+        found = len(items)
         for dirpath, dirnames, names in os.walk(os.path.join(root, cls)):
-            dirnames.sort()
+            dirnames[:] = sorted(d for d in dirnames if os.path.realpath(os.path.join(dirpath, d)) != skip)
             for n in sorted(names):
                 if n.lower().endswith(IMAGE_SUFFIXES):
                     items.append((os.path.join(dirpath, n), label))
                 elif not n.startswith("."):
                     ignored += 1
+        if len(items) == found:
+            empty.append((label, cls))
+    return items, ignored, empty
+
+
+def _image_folder_source(root, *, shuffle, seed, out_dir=None) -> Source:
+    # A dataset written inside the folder it converts would be read back as a class on the next run,
+    # shifting every label after it.
+    skip = os.path.realpath(out_dir) if out_dir is not None else None
+    folders = sorted((e for e in os.scandir(root)
+                      if e.is_dir() and not e.name.startswith(".") and os.path.realpath(e.path) != skip),
+                     key=lambda e: e.name)
+    # So is a dataset written there earlier into another folder: it holds no images, only TFRecords.
+    datasets = [e.path for e in folders if any(os.path.exists(os.path.join(e.path, n)) for n in DATASET_MARKERS)]
+    classes = [e.name for e in folders if e.path not in datasets]
+    items, ignored, empty = _image_files(root, classes, skip)
     if not items:
         raise DataError(f"no PNG/JPEG images found under {root}; expected {root}/<class name>/<image>.png.")
     if shuffle:
@@ -571,6 +753,19 @@ def _image_folder_source(root, *, shuffle, seed) -> Source:
                  nbytes, "label", classes, shuffled=shuffle)
     if ignored:
         src.notes.append(f"{ignored} file(s) that are not .png/.jpg/.jpeg were ignored")
+    if datasets:
+        src.notes.append(f"{len(datasets)} folder(s) holding a kerasfast dataset ({SCHEMA_FILENAME}) are no class "
+                         f"and were not read: {', '.join(datasets)}")
+    if empty:
+        # Kept as classes, as Keras's image_dataset_from_directory keeps them, so that the labels match
+        # Keras's; but a folder that is no class (another dataset, a checkpoint folder) shifts every label
+        # after it, so it is named.
+        listed = ", ".join(f"{os.path.join(root, cls)} (class {label})" for label, cls in empty)
+        note = (f"{len(empty)} class folder(s) hold no PNG/JPEG image: {listed}; they stay classes (with no "
+                f"records), so the labels of the classes after them count them: move such a folder out of "
+                f"{root} if it is not a class")
+        src.notes.append(note)
+        warnings.warn(f"{note}.", stacklevel=4)  # the caller of write_tfrecords
     return src
 
 
@@ -582,10 +777,15 @@ def _text_source(files, text_unit) -> Source:
         for f in files:
             if text_unit == "file":
                 with open(f, "rb") as fh:
-                    yield f, {"text": fh.read()}
+                    yield f, {"text": _checked_text(f, fh.read(), 0, 1)}
                 continue
             with open(f, "rb") as fh:
+                start = 0
                 for n, line in enumerate(io.BufferedReader(fh, 1 << 20), start=1):
+                    # A line break is one byte in UTF-8 and never part of a longer character: each line
+                    # decodes on its own.
+                    _checked_text(f, line, start, n)
+                    start += len(line)
                     line = line.rstrip(b"\r\n")
                     if line.strip():
                         yield f"{f} line {n}", {"text": line}

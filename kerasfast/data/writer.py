@@ -25,7 +25,7 @@ from kerasfast.data.schema import (
     ShardInfo,
     normalize_compression,
 )
-from kerasfast.data.sources import AUTO, LABEL_IF_PRESENT, BadRecord, EncodedImage, open_source
+from kerasfast.data.sources import AUTO, LABEL_IF_PRESENT, BadRecord, EncodedImage, _as_array, open_source
 from kerasfast.data.validation import ON_ERROR
 from kerasfast.errors import DataError
 
@@ -177,8 +177,10 @@ def write_tfrecords(
             or key; None for no label.
         image_encoding: None (store uint8 image arrays raw: fastest to read),
             "png" (lossless, smaller) or "jpeg" (lossy, smallest). Applies to
-            uint8 arrays of shape (H, W, C), C in 1/3/4. Image folders keep the
-            original file bytes.
+            uint8 arrays of shape (H, W, C), C in 1/3/4; "jpeg" refuses 4
+            channels (JPEG has no alpha channel: use "png"). A warning (and
+            `result.notes`) says when it applies to no feature. Image folders
+            keep the original file bytes.
         shuffle: shuffle record order while writing where the source allows
             random access (arrays, DataFrames, image folders); streaming
             sources keep their order.
@@ -192,7 +194,12 @@ def write_tfrecords(
         text_unit: for text corpora, "line" (one record per non-empty line)
             or "file" (one record per file).
         csv_dtypes: per-column type for CSV files ("int64", "float32", "float64",
-            "string"); other columns are inferred from the first 1024 rows.
+            "string"); other columns are inferred from the first 1024 rows
+            (blank lines and rows with another number of fields left out). A
+            column of whole numbers is int64 even with empty cells, each of
+            which is a bad record: pass "float64" to read them as NaN. The
+            delimiter is a comma (a tab for .tsv), or the one of ';', tab, '|'
+            found in a header without commas.
         prefix: shard file name prefix.
         target_shard_bytes: shard size the automatic shard count aims at.
         progress: called as `progress(records_written, total_or_None)`.
@@ -213,7 +220,7 @@ def write_tfrecords(
     out_dir = os.fspath(out_dir)
     _refuse_overwrite(out_dir, overwrite)
     src = open_source(source, label=label, shuffle=shuffle, seed=seed, source_type=source_type,
-                      text_unit=text_unit, csv_dtypes=csv_dtypes)
+                      text_unit=text_unit, csv_dtypes=csv_dtypes, out_dir=out_dir)
     created = not os.path.exists(out_dir)
     _prepare_folder(out_dir, prefix)
     steps = _CommitSteps()
@@ -248,6 +255,11 @@ def write_tfrecords(
                 os.rmdir(out_dir)  # a failed write leaves no trace, not even the folder it made
     if progress is not None:
         progress(written.num_records, src.num_records)
+    if image_encoding and not encoder.encoded_by_option:
+        note = (f"image_encoding={image_encoding!r} applies to no feature: none is a uint8 array of shape (H, W, C) "
+                f"with C in 1, 3 or 4 (image folders keep their files' bytes), so every feature is stored as it is")
+        src.notes.append(note)
+        warnings.warn(f"write_tfrecords: {note}.", stacklevel=2)
     if written.skipped:
         skipped = written.skipped
         warnings.warn(f"write_tfrecords skipped {len(skipped)} bad record(s); first: {skipped[0][0]}: "
@@ -436,7 +448,8 @@ def _remove_files(paths: list) -> None:
 def _bad(on_error, skipped, location, reason):
     """Raises for a bad source record, or, with on_error="skip", lists it in `skipped`."""
     if on_error == "raise":
-        raise DataError(f"{location} {reason}. Fix or remove it, or pass on_error='skip' to leave bad records out.")
+        raise DataError(f"{location} {reason}. Fix or remove it, or pass on_error='skip' (kerasfast convert: "
+                        f"--on-error skip) to leave bad records out.")
     skipped.append((location, reason))
 
 
@@ -523,16 +536,6 @@ class _RecordMismatch(Exception):
     """A record whose features do not match the first record's."""
 
 
-def _as_array(name, value, error, location: str = "") -> np.ndarray:
-    """`value` as a NumPy array; a nested list of uneven lengths (ragged) is refused naming the feature."""
-    try:
-        return np.asarray(value)
-    except ValueError as exc:
-        where = f"{location}: " if location else ""
-        raise error(f"{where}feature {name!r} is not a rectangular array ({exc}); every record's feature needs "
-                    "one fixed shape: pad the lists to one length") from None
-
-
 def _narrowed(f: FeatureSchema, arr: np.ndarray, target: np.dtype) -> np.ndarray:
     """`arr` in the feature's dtype, the first record's; refuses a value that dtype cannot hold (an int8
     feature given 1000 would wrap to -24, a float16 one given 1e6 would become inf), where a float's
@@ -565,6 +568,7 @@ class _RecordEncoder:
         self.names: list = []
         self._image_shapes: dict = {}
         self._image_formats: dict = {}
+        self.encoded_by_option: list = []  # the features image_encoding applies to
 
     def final_features(self) -> list:
         out = []
@@ -616,10 +620,16 @@ class _RecordEncoder:
                 return FeatureSchema(name, dtype, (), "int64")
             if dtype in FLOAT_LIST_DTYPES:
                 return FeatureSchema(name, dtype, (), "float")
-        if (self.image_encoding and dtype == "uint8" and arr.ndim == 3 and arr.shape[2] in (1, 3, 4)
-                and not (self.image_encoding == "jpeg" and arr.shape[2] == 4)):
+        if self.image_encoding and dtype == "uint8" and arr.ndim == 3 and arr.shape[2] in (1, 3, 4):
+            if self.image_encoding == "jpeg" and arr.shape[2] == 4:
+                raise DataError(
+                    f"{location}: feature {name!r} is a uint8 image with 4 channels (RGBA), which "
+                    f"image_encoding='jpeg' cannot store: JPEG has no alpha channel. Pass image_encoding='png' "
+                    f"(lossless, keeps the alpha channel), drop the alpha channel to store JPEG "
+                    f"({name}[..., :3]), or image_encoding=None to store the arrays raw.")
             self._image_shapes[name] = arr.shape
             self._image_formats[name] = {self.image_encoding}
+            self.encoded_by_option.append(name)
             return FeatureSchema(name, "uint8", arr.shape, self.image_encoding)
         return FeatureSchema(name, dtype, arr.shape, "raw")  # raises DataError for unsupported dtypes
 
