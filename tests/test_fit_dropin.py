@@ -112,6 +112,14 @@ def test_validation_split_takes_a_string_tensor_as_keras_does():
     assert np.isfinite(result.history.history["val_loss"]).all()
 
 
+def test_a_history_among_the_callbacks_is_the_models_history_as_in_keras():
+    own = keras.callbacks.History()
+    model = _model()
+    result = kerasfast.fit(model, X, Y, batch_size=20, epochs=2, callbacks=[own], run_dir=False, verbose=0)
+    assert model.history is own and own.model is model
+    assert dict(own.history) == dict(result.history.history) and len(own.history["loss"]) == 2
+
+
 def test_validation_split_is_refused_for_a_dataset_as_keras_refuses_it():
     with pytest.raises(kerasfast.DataError, match="validation_split= only works for arrays"):
         kerasfast.fit(_model(), ARGUMENTS["dataset"]["x"], validation_split=0.2, run_dir=False, verbose=0)

@@ -304,8 +304,12 @@ def _result(run: Run, pruning) -> FitResult:
     """The run's `FitResult`; the user's model keeps Keras's `History` of it."""
     history = run.history
     run_history = RunHistory(history)
-    history.history = run_history  # one dict: model.history.history is result.history
-    run.prepared.user_model.history = history  # as Keras's fit leaves it: the History it returned
+    # As Keras's fit leaves it: model.history is the History it returned, the
+    # user's own when one was among the callbacks; one dict, result.history.
+    own = [callback for callback in run.args.callbacks if isinstance(callback, keras.callbacks.History)]
+    for keras_history in [history, *own[-1:]]:
+        keras_history.history = run_history
+    run.prepared.user_model.history = own[-1] if own else history
     throughput = run.meter.result()
     return FitResult(
         history=run_history, plan=run.plan, throughput=throughput, model=run.prepared.user_model,
