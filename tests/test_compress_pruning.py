@@ -18,7 +18,7 @@ from kerasfast.compress import (
     prune,
 )
 from kerasfast.compress.constraint import PruningMaskConstraint
-from kerasfast.errors import ModelError, PlanError
+from kerasfast.errors import DataError, ModelError, PlanError
 
 
 @pytest.fixture(scope="module")
@@ -231,6 +231,49 @@ def test_finalize_before_schedule_end_warns_and_still_reaches_target(digits):
     with pytest.warns(UserWarning, match="before the pruning schedule reached its final sparsity"):
         summary = finalize_pruning(model)
     assert_exact_sparsity(summary, model, 0.8)
+
+
+def test_a_sparsity_that_would_empty_a_small_kernel_keeps_one_weight_and_warns():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 8)).astype("float32")
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8,))
+    hidden = keras.layers.Dense(32, activation="relu", name="hidden")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(1, name="head")(hidden))
+    model.compile("adam", "mse")
+    # round(0.99 * 32) = 32: every weight of the 32x1 head would go.
+    with pytest.warns(UserWarning, match=r"target_sparsity=0.99 would zero every weight of 'head' \(32 weights: "
+                      r"31 zeros, sparsity 0.969\).*one weight of each is kept"):
+        result = prune(model, (x, x[:, :1] * 2), target_sparsity=0.99, epochs=1, verbose=0)
+    assert np.count_nonzero(model.get_layer("head").kernel.numpy()) == 1
+    head = next(row for row in result.summary if row["layer"] == "head")
+    assert head["sparsity"] == pytest.approx(31 / 32)
+    assert np.count_nonzero(model.get_layer("hidden").kernel.numpy()) == 256 - expected_zeros(0.99, 256)
+
+
+def test_labels_of_another_length_are_refused_before_any_mask_is_attached(digits):
+    x, y = digits
+    model = compile_digits(digits_convnet())
+    with pytest.raises(DataError, match=r"prune\(\) got 256 inputs but 10 labels in data=\(x, y\)"):
+        prune(model, (x, y[:10]), target_sparsity=0.5, epochs=1, verbose=0)
+    assert_plain_keras(model)
+    prune(model, (x, y), target_sparsity=0.5, epochs=1, verbose=0)  # the corrected retry
+
+
+class StopAtSecondBatch(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == 1:
+            raise RuntimeError("interrupted by the user's callback")
+
+
+def test_a_fine_tune_that_fails_removes_the_masks_so_prune_can_run_again(digits):
+    x, y = digits
+    model = compile_digits(digits_convnet())
+    with pytest.raises(RuntimeError, match="interrupted by the user's callback"):
+        prune(model, (x, y), target_sparsity=0.5, epochs=1, verbose=0, callbacks=[StopAtSecondBatch()])
+    assert_plain_keras(model)
+    result = prune(model, (x, y), target_sparsity=0.5, epochs=1, verbose=0)
+    assert_exact_sparsity(result.summary, model, 0.5)
 
 
 @pytest.mark.parametrize("sparsity", [-0.2, 1.0, 3])

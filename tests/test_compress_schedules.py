@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from kerasfast.compress import ConstantSparsity, PolynomialDecay, m_by_n_mask, magnitude_mask
+from kerasfast.compress import ConstantSparsity, PolynomialDecay, PruningConfig, m_by_n_mask, magnitude_mask
 from kerasfast.errors import PlanError
 
 
@@ -46,6 +46,18 @@ def test_sparsity_outside_unit_interval_is_refused(value):
         ConstantSparsity(value)
 
 
+@pytest.mark.parametrize("value", [np.float32(0.5), np.float16(0.5), np.float64(0.25)], ids=repr)
+def test_numpy_scalar_sparsity_is_accepted(value):
+    config = PruningConfig(target_sparsity=value, end_step=10)
+    assert type(config.target_sparsity) is float and config.target_sparsity == float(value)
+
+
+@pytest.mark.parametrize("value", ["0.5", None, True], ids=repr)
+def test_sparsity_that_is_not_a_number_is_refused_as_such(value):
+    with pytest.raises(PlanError, match=rf"initial_sparsity={value!r} is not a number"):
+        PolynomialDecay(value, 0.5, begin_step=0, end_step=10)
+
+
 def test_bad_steps_are_refused():
     with pytest.raises(PlanError, match="end_step=5 is before begin_step=10"):
         PolynomialDecay(0.0, 0.5, begin_step=10, end_step=5)
@@ -61,6 +73,12 @@ def test_magnitude_mask_prunes_exact_count_even_with_ties():
     mask = magnitude_mask(np.abs(weights), 0.6).numpy()
     assert int((mask == 0).sum()) == round(0.6 * 70)
     assert mask[0, :3].tolist() == [1.0, 1.0, 1.0]  # the largest stay
+
+
+def test_magnitude_mask_never_prunes_a_whole_kernel():
+    weights = np.arange(1, 33, dtype="float32").reshape(32, 1)
+    mask = magnitude_mask(weights, 0.99).numpy()  # round(0.99 * 32) = 32
+    assert mask.ravel().tolist() == [0.0] * 31 + [1.0]  # the largest weight stays
 
 
 def test_magnitude_mask_compiles_under_xla():

@@ -146,3 +146,8 @@ def test_cli_loads_a_model_with_a_lambda_only_when_told_the_file_is_trusted(tmp_
     exported = CliRunner().invoke(export_command, [*arguments, "--unsafe-deserialization"])
     assert exported.exit_code == 0, exported.output
     assert (tmp_path / "out" / "model_float32.tflite").stat().st_size > 0
+    # The keras artifact is reloaded as the user allowed, not in safe mode.
+    everything = CliRunner().invoke(export_command, [str(tmp_path / "model.keras"), str(tmp_path / "all"),
+                                                     "--unsafe-deserialization"])
+    assert everything.exit_code == 0, everything.output
+    assert (tmp_path / "all" / "model.keras").stat().st_size > 0

@@ -318,3 +318,119 @@ def test_representative_data_as_python_lists_is_read_as_samples(tmp_path, make):
     x = np.random.default_rng(0).normal(size=(10, 6)).astype("float32")
     result = export_model(small_model(), tmp_path / "out", formats=["keras"], representative_data=make(x))
     assert json.loads((result.out_dir / "report.json").read_text())["calibration_samples"] == 10
+
+
+def trained_two_class_model():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 16)).astype("float32")
+    y = (x[:, 0] + x[:, 1] > 0).astype("int32")
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((16,))
+    hidden = keras.layers.Dense(32, activation="relu")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(2)(hidden))
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, y, epochs=5, verbose=0)
+    return model, x, y
+
+
+def test_int8_calibrated_on_too_narrow_inputs_fails_verification_on_eval_data(previous_export):
+    # Checked on its own calibration samples this file looked exact; on the
+    # real inputs of eval_data its clipped ranges are far off.
+    model, x, y = trained_two_class_model()
+    with pytest.raises(ExportError, match=r"tflite_int8: no int8 variant is within the verification tolerance"):
+        export_model(model, previous_export, formats=["tflite_int8"], representative_data=x[:100] * 0.02,
+                     eval_data=(x[100:], y[100:]))
+    assert_untouched(previous_export)
+
+
+def test_without_eval_data_int8_is_verified_on_held_out_representative_samples(tmp_path):
+    model, x, _ = trained_two_class_model()
+    result = export_model(model, tmp_path / "out", formats=["tflite_float32", "tflite_int8"],
+                          representative_data=x[:40], num_calibration_samples=300)
+    report = json.loads((result.out_dir / "report.json").read_text())
+    assert (report["calibration_samples"], report["comparison_samples"]) == (30, 10)
+    assert report["comparison_inputs"] == "representative_data samples held out from calibration"
+    # Beyond num_calibration_samples, the next samples are the held-out ones.
+    result = export_model(model, tmp_path / "more", formats=["tflite_int8"], representative_data=x,
+                          num_calibration_samples=200, num_comparison_samples=50)
+    report = json.loads((result.out_dir / "report.json").read_text())
+    assert (report["calibration_samples"], report["comparison_samples"]) == (200, 50)
+    assert "held out from calibration" in (result.out_dir / "report.md").read_text()
+
+
+@pytest.mark.parametrize("data, message", [
+    (np.zeros((50, 6), "float32"), r"representative_data's 50 samples are all identical \(all zeros\)"),
+    (np.ones((20, 6), "float32"), r"representative_data's 20 samples are all identical \(one input repeated\)"),
+    (np.ones((1, 6), "float32"), r"representative_data holds 1 sample, which cannot calibrate \['tflite_int8'\]"),
+], ids=["zeros", "constant", "one sample"])
+def test_degenerate_calibration_data_is_refused(previous_export, data, message):
+    with pytest.raises(DataError, match=message):
+        export_model(small_model(), previous_export, formats=["tflite_int8"], representative_data=data,
+                     eval_data=(np.random.default_rng(0).normal(size=(8, 6)).astype("float32"), np.zeros(8)))
+    assert_untouched(previous_export)
+
+
+@keras.saving.register_keras_serializable(package="kerasfast_tests")
+class ForgetfulScale(keras.layers.Layer):
+    """Registered, but its get_config() leaves out `factor`: saves, never loads back."""
+
+    def __init__(self, factor, **kwargs):
+        super().__init__(**kwargs)
+        self.factor = factor
+
+    def call(self, x):
+        return x * self.factor
+
+    def get_config(self):
+        return super().get_config()  # without `factor`
+
+
+def lambda_model():
+    inputs = keras.Input((6,))
+    return keras.Model(inputs, keras.layers.Dense(3, name="out")(keras.layers.Lambda(lambda t: t * 2.0,
+                                                                                       name="doubling")(inputs)))
+
+
+def test_keras_file_that_would_not_load_back_is_refused_naming_the_layer(previous_export):
+    with pytest.raises(ExportError, match=r"layer 'doubling' \(Lambda\) holds a Python lambda.*"
+                       r"pass unsafe_deserialization=True"):
+        export_model(lambda_model(), previous_export, formats=["saved_model", "keras"])
+    with pytest.raises(ExportError, match=r"layer 'forgetful' \(ForgetfulScale\) cannot be rebuilt from its config "
+                       r"\(ForgetfulScale.__init__\(\) missing 1 required positional argument: 'factor'\)\. "
+                       r"Make its get_config\(\) return every argument"):
+        export_model(model_with(ForgetfulScale(3.0, name="forgetful")), previous_export,
+                     formats=["keras", "tflite_float32"])
+    assert_untouched(previous_export)
+
+
+def test_unsafe_deserialization_exports_and_reloads_a_lambda_model(tmp_path):
+    model = lambda_model()
+    result = export_model(model, tmp_path / "out", formats=["keras"], unsafe_deserialization=True)
+    assert result.rows[0].verified
+    x = np.random.default_rng(0).normal(size=(4, 6)).astype("float32")
+    restored = keras.saving.load_model(result.path("keras"), safe_mode=False)
+    np.testing.assert_allclose(restored.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-6)
+
+
+def test_untraceable_layer_error_quotes_the_real_reason_not_in_user_code(previous_export):
+    with pytest.raises(ExportError, match=r"layer 'numpy_mean' \(NumpyMean\) cannot be traced.*can export it: "
+                       r"Cannot convert a symbolic tf.Tensor .* to a numpy array") as refused:
+        export_model(model_with(NumpyMean(name="numpy_mean")), previous_export, formats=["saved_model"])
+    assert "in user code" not in str(refused.value)
+    assert_untouched(previous_export)
+
+
+def test_a_name_tensorflow_refuses_as_a_scope_is_named_as_such(previous_export):
+    inputs = keras.Input((6,))
+    spaced_layer = keras.Model(inputs, keras.layers.Dense(3, name="out layer")(inputs))
+    with pytest.raises(ExportError, match=r"The name 'out layer' \(of layer 'out layer' \(Dense\)\) is not a valid "
+                       r"TensorFlow scope name.*letters, digits and _ \. / > -.*e\.g\. 'out_layer'") as refused:
+        export_model(spaced_layer, previous_export, formats=["saved_model"])
+    assert "call()" not in str(refused.value)
+    spaced_model = keras.Model(inputs, keras.layers.Dense(3)(inputs), name="my model")
+    with pytest.raises(ExportError, match=r"The name 'my model' \(of the model or one of its layers\) is not a valid "
+                       r"TensorFlow scope name"):
+        export_model(spaced_model, previous_export, formats=["tflite_float32"])
+    assert_untouched(previous_export)
+    # The failed traces leave no name scope behind: a model built afterwards exports.
+    export_model(small_model(), previous_export.parent / "after", formats=["saved_model"])

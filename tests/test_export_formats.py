@@ -10,6 +10,7 @@ from ai_edge_litert.interpreter import Interpreter
 from sklearn.datasets import load_digits
 
 from kerasfast.compress import prune
+from kerasfast.errors import DataError, ExportError
 from kerasfast.export import FORMATS, export_model
 
 ALL_FORMATS = list(FORMATS)
@@ -152,3 +153,68 @@ def test_mixed_bfloat16_model_exports_builtin_tflite_from_a_float32_copy(digits_
     assert "float32 copy of the mixed_bfloat16 model" in result.row("tflite_int8").notes
     # The float TFLite file scores like the bf16 Keras model it came from.
     assert abs(result.row("tflite_float32").accuracy - model.evaluate(*test, verbose=0)[1]) <= 0.02
+
+
+def string_input_model():
+    keras.utils.set_random_seed(0)
+    words = keras.Input((1,), dtype="string")
+    ids = keras.layers.StringLookup(vocabulary=["cat", "dog"])(words)
+    return keras.Model(words, keras.layers.Dense(2)(keras.layers.Embedding(5, 4)(ids)[:, 0]))
+
+
+def test_string_input_model_exports_and_its_tflite_file_takes_text(tmp_path):
+    model = string_input_model()
+    words = np.array([["cat"], ["dog"], ["cow"]] * 10, dtype=object)
+    result = export_model(model, tmp_path / "text", formats=["keras", "saved_model", "tflite_float32"],
+                          representative_data=words, eval_data=(words, np.zeros(30, "int32")), measure_latency=False)
+    assert all(row.verified for row in result.rows)
+    expected = model.predict(tf.constant(words[:3].astype(str)), verbose=0)
+    loaded = tf.saved_model.load(str(result.path("saved_model")))
+    np.testing.assert_allclose(loaded.serve(tf.constant(words[:3].astype(str))).numpy(), expected, atol=1e-5)
+    interpreter = Interpreter(model_path=str(result.path("tflite_float32")))
+    interpreter.resize_tensor_input(interpreter.get_input_details()[0]["index"], [3, 1])
+    interpreter.allocate_tensors()
+    interpreter.set_tensor(interpreter.get_input_details()[0]["index"], words[:3].astype(bytes))
+    interpreter.invoke()
+    np.testing.assert_allclose(interpreter.get_tensor(interpreter.get_output_details()[0]["index"]), expected,
+                               atol=1e-5)
+    # Without data it is checked on empty strings (out of vocabulary), said so in the report.
+    no_data = export_model(model, tmp_path / "nodata", formats=["keras"], measure_latency=False)
+    assert json.loads((no_data.out_dir / "report.json").read_text())["comparison_inputs"] == "empty strings"
+
+
+def test_string_input_model_refuses_int8_calibration_naming_the_formats_that_work(tmp_path):
+    words = np.array([["cat"], ["dog"], ["cow"]] * 10, dtype=object)
+    with pytest.raises(ExportError, match=r"The model input is a string tensor, which \['tflite_int8'\] cannot take; "
+                       r"export it with formats=\['keras', 'saved_model', "):
+        export_model(string_input_model(), tmp_path / "out", formats=["keras", "tflite_int8"],
+                     representative_data=words)
+    with pytest.raises(DataError, match="eval_data x has dtype float32 but the model input is a string tensor"):
+        export_model(string_input_model(), tmp_path / "out", formats=["keras"],
+                     eval_data=(np.zeros((3, 1), "float32"), np.zeros(3)))
+    assert not (tmp_path / "out").exists()
+
+
+def test_float16_model_note_names_the_float16_layers(tmp_path):
+    inputs = keras.Input((8,), dtype="float16")
+    model = keras.Model(inputs, keras.layers.Dense(2, dtype="float16")(inputs))
+    x = np.random.default_rng(0).normal(size=(20, 8)).astype("float16")
+    result = export_model(model, tmp_path / "f16", formats=["tflite_float32"], representative_data=x,
+                          measure_latency=False)
+    assert result.rows[0].notes == "converted from a float32 copy of the model (layers computing in float16)"
+
+
+@pytest.mark.parametrize("wrap", [lambda t: {"probs": t}, lambda t: [t]], ids=["dict", "list"])
+def test_single_output_declared_as_a_dict_or_list_exports(tmp_path, wrap):
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(40, 4)).astype("float32"), rng.integers(0, 2, 40)
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, wrap(keras.layers.Dense(2, activation="softmax")(inputs)))
+    model.compile("adam", wrap("sparse_categorical_crossentropy"))
+    result = export_model(model, tmp_path / "out", formats=["keras", "saved_model", "tflite_float32"],
+                          representative_data=x, eval_data=(x, y), measure_latency=False)
+    expected = keras.ops.convert_to_numpy(keras.losses.sparse_categorical_crossentropy(
+        y, np.asarray(tf.nest.flatten(model.predict(x, verbose=0))[0]))).mean()
+    for row in result.rows:
+        assert row.verified and row.loss == pytest.approx(expected, rel=1e-4), row

@@ -23,6 +23,7 @@ import tensorflow as tf
 from kerasfast import _compat
 from kerasfast.compress.config import PruningConfig, all_layers, prunable_weight_name
 from kerasfast.compress.constraint import PruningMaskConstraint
+from kerasfast.compress.masks import pruned_count
 from kerasfast.errors import ModelError, PlanError
 
 
@@ -109,6 +110,7 @@ def apply_pruning(model, config: PruningConfig, *, step_fn=None) -> list[dict]:
             "Call kerasfast.compress.finalize_pruning(model) before applying pruning again."
         )
     targets, skipped = config.select_targets(model)
+    _warn_about_kernels_too_small(targets, config)
     step_fn = step_fn or _optimizer_step_fn(model)
     rows = []
     for target in targets:
@@ -146,6 +148,34 @@ def apply_pruning(model, config: PruningConfig, *, step_fn=None) -> list[dict]:
     return rows
 
 
+def _warn_about_kernels_too_small(targets, config: PruningConfig) -> None:
+    """Warns when the target sparsity would zero every weight of a kernel (one is kept instead)."""
+    if config.m_by_n is not None:
+        return
+    sparsity = config.target_sparsity
+    too_small = [f"'{t.layer.name}' ({t.params} weights: {t.params - 1} zeros, sparsity "
+                 f"{(t.params - 1) / t.params:.3f})" for t in targets
+                 if t.params and np.round(np.float32(sparsity) * np.float32(t.params)) >= t.params]
+    if too_small:
+        warnings.warn(
+            f"target_sparsity={sparsity} would zero every weight of {', '.join(too_small)}, making the layer's "
+            "output a constant; one weight of each is kept instead, so their sparsity ends below the target. "
+            "Exclude these layers (exclude=[...] or min_size=...) or lower target_sparsity.",
+            stacklevel=3,
+        )
+
+
+def detach_pruning(model) -> None:
+    """Removes every pruning mask without folding it in: the kernels keep their current values.
+
+    For a pruning run that failed before `finalize_pruning`, so that the model
+    can be pruned again (`apply_pruning` refuses a model carrying masks).
+    """
+    for variable, constraint in pruning_constraints(model):
+        variable.constraint = constraint.original_constraint
+    _forget_traced_train_step(model)
+
+
 def _forget_traced_train_step(model):
     # Constraints are read when the train step is traced; a cached train
     # function would keep running without (or with stale) masks.
@@ -161,9 +191,7 @@ def _target_sparsity(constraint: PruningMaskConstraint) -> float:
 
 
 def _expected_zeros(constraint, size):
-    # Same float32 arithmetic as masks.magnitude_mask, so counts match exactly.
-    sparsity = np.float32(_target_sparsity(constraint))
-    return int(np.round(sparsity * np.float32(size)))
+    return pruned_count(_target_sparsity(constraint), size)
 
 
 def finalize_pruning(model) -> list[dict]:

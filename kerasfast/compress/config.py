@@ -175,7 +175,9 @@ class PruningConfig:
     def __post_init__(self):
         if self.target_sparsity is not None:
             schedules_lib._check_sparsity(self.target_sparsity, "target_sparsity")
+            self.target_sparsity = float(self.target_sparsity)  # a NumPy scalar becomes plain data
         schedules_lib._check_sparsity(self.initial_sparsity, "initial_sparsity")
+        self.initial_sparsity = float(self.initial_sparsity)
         self.m_by_n = _parse_structured(self.structured)
         if self.m_by_n is not None:
             kept, group = self.m_by_n

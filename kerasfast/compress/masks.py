@@ -7,11 +7,22 @@ and run inside the train step on every replica.
 
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
 
+def pruned_count(sparsity, size: int) -> int:
+    """Entries `magnitude_mask` zeroes in a kernel of `size` weights at `sparsity`.
+
+    `round(sparsity * size)` in float32 (the mask's own arithmetic), but never
+    every weight: a kernel with no weight left makes its layer's output a
+    constant, so at least one is kept.
+    """
+    return int(min(np.round(np.float32(sparsity) * np.float32(size)), max(size - 1, 0)))
+
+
 def magnitude_mask(magnitudes, sparsity):
-    """Mask that zeroes exactly `round(sparsity * size)` smallest entries.
+    """Mask that zeroes exactly `pruned_count(sparsity, size)` smallest entries.
 
     Ties are broken by position (stable sort), so the count of zeros is exact
     even when many magnitudes are equal (e.g. already-pruned zeros).
@@ -35,7 +46,8 @@ def magnitude_mask(magnitudes, sparsity):
     flat = tf.reshape(tf.cast(magnitudes, tf.float32), [-1])
     size = tf.size(flat)
     num_pruned = tf.cast(tf.round(tf.cast(sparsity, tf.float32) * tf.cast(size, tf.float32)), tf.int32)
-    num_pruned = tf.clip_by_value(num_pruned, 0, size)
+    # Never the whole kernel (see pruned_count).
+    num_pruned = tf.clip_by_value(num_pruned, 0, tf.maximum(size - 1, 0))
     order = tf.argsort(flat, stable=True)  # ascending: smallest first
     keep_in_sorted_order = tf.cast(tf.range(size) >= num_pruned, tf.float32)
     mask = tf.scatter_nd(order[:, None], keep_in_sorted_order, tf.shape(flat))

@@ -12,7 +12,7 @@ import tensorflow as tf
 from kerasfast._checks import is_number
 from kerasfast.compress.config import PruningConfig
 from kerasfast.compress.finetune import fine_tune_rate
-from kerasfast.compress.attach import apply_pruning, finalize_pruning, format_pruning_summary
+from kerasfast.compress.attach import apply_pruning, detach_pruning, finalize_pruning, format_pruning_summary
 from kerasfast.errors import DataError, PlanError
 from kerasfast.training.session import optimizer_settings
 
@@ -65,11 +65,30 @@ def _steps_per_epoch(data, batch_size, steps_per_epoch):
         num_samples = len(data[0]) if not isinstance(data[0], dict) else len(next(iter(data[0].values())))
         if num_samples == 0:
             raise DataError("The arrays passed to prune() hold no samples.")
+        num_labels = _length(data[1])
+        if num_labels is not None and num_labels != num_samples:
+            # Checked here, before any mask is attached: model.fit would only fail after.
+            raise DataError(
+                f"prune() got {num_samples} inputs but {num_labels} labels in data=(x, y); pass one label per "
+                "input sample."
+            )
         return math.ceil(num_samples / (batch_size or 32))
     raise DataError(
         f"prune() takes data as a tf.data.Dataset of (x, y) batches or an (x, y) tuple of arrays; "
         f"got {type(data).__name__}."
     )
+
+
+def _length(labels) -> int | None:
+    """Number of label samples (of the first array of a dict/list of label arrays), or None."""
+    if isinstance(labels, dict):
+        labels = next(iter(labels.values()), None)
+    elif isinstance(labels, (list, tuple)) and labels and hasattr(labels[0], "shape"):
+        labels = labels[0]
+    shape = getattr(labels, "shape", None)
+    if shape is None or len(shape) == 0:
+        return None
+    return int(shape[0])
 
 
 def schedule_steps(total_steps: int, begin_step: int = 0, end_step: int | None = None,
@@ -163,7 +182,8 @@ def prune(
 
     The model is changed in place and returned as a plain Keras model: no
     wrapper layers, and each pruned kernel has exactly `target_sparsity`
-    zeros. If the model is compiled its compile settings, optimizer state
+    zeros (but keeps at least one weight: a warning names a kernel too small
+    for the target). If the model is compiled its compile settings, optimizer state
     and XLA/`steps_per_execution` choices are reused; pass `optimizer`/`loss`
     to compile it afresh (required for a model never compiled).
 
@@ -194,6 +214,13 @@ def prune(
 
     Returns:
         A `PruneResult` with `history`, per-layer `summary` and `plan`.
+
+    Raises:
+        PlanError, DataError: bad arguments or data (x and y of different
+            lengths, among others), before the model is touched.
+        Whatever `model.fit` raises: the pruning masks are removed first,
+            so prune() can be called again; the weights are as the failed
+            fit left them.
 
     Example:
 
@@ -234,12 +261,17 @@ def prune(
     fine_tune, how = _fine_tune_learning_rate(model.optimizer, learning_rate, total_steps, step_offset)
     plan = apply_pruning(model, config, step_fn=step_fn)
     fit_kwargs = dict(epochs=epochs, validation_data=validation_data, callbacks=callbacks, verbose=verbose)
-    with optimizer_settings(model.optimizer, learning_rate=fine_tune):
-        if isinstance(data, tf.data.Dataset):
-            history = model.fit(data, steps_per_epoch=steps_per_epoch, **fit_kwargs)
-        else:
-            history = model.fit(data[0], data[1], batch_size=batch_size, steps_per_epoch=steps_per_epoch,
-                                **fit_kwargs)
+    try:
+        with optimizer_settings(model.optimizer, learning_rate=fine_tune):
+            if isinstance(data, tf.data.Dataset):
+                history = model.fit(data, steps_per_epoch=steps_per_epoch, **fit_kwargs)
+            else:
+                history = model.fit(data[0], data[1], batch_size=batch_size, steps_per_epoch=steps_per_epoch,
+                                    **fit_kwargs)
+    except BaseException:
+        # Masks left attached would make the corrected retry fail as "already being pruned".
+        detach_pruning(model)
+        raise
     summary = finalize_pruning(model)
     return PruneResult(history=history, summary=summary, plan=plan, config=config, learning_rate=how)
 

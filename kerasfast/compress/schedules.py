@@ -21,6 +21,8 @@ with that call signature and `begin_step`, `end_step`, `frequency` and
 
 from __future__ import annotations
 
+import numbers
+
 import tensorflow as tf
 
 from kerasfast._checks import is_int
@@ -28,7 +30,13 @@ from kerasfast.errors import PlanError
 
 
 def _check_sparsity(value, name):
-    if not isinstance(value, (int, float)) or not 0.0 <= float(value) < 1.0:
+    # numbers.Real covers NumPy scalars (np.float32(0.5)) as well as int and float.
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise PlanError(
+            f"{name}={value!r} is not a number. Sparsity is the fraction of weights set to zero: "
+            "pass a float in [0, 1), e.g. 0.8 for 80% zeros."
+        )
+    if not 0.0 <= float(value) < 1.0:
         raise PlanError(
             f"{name}={value!r} is outside [0, 1). Sparsity is the fraction of "
             "weights set to zero: pass e.g. 0.8 for 80% zeros (1.0 would "

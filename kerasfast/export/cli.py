@@ -119,6 +119,7 @@ def export_command(model_path, out_dir, formats, representative, eval_path, int8
             int8_input_output=int8_io,
             allow_flex_ops=allow_flex_ops,
             overwrite=overwrite,
+            unsafe_deserialization=unsafe_deserialization,
         )
     except KerasfastError as error:
         raise click.ClickException(str(error)) from error

@@ -24,7 +24,12 @@ def classification_accuracy(outputs: np.ndarray, labels: np.ndarray) -> float | 
 def model_loss_fn(model):
     """The loss the model was compiled with, as a callable, or None."""
     loss = getattr(model, "loss", None)
-    if loss is None or isinstance(loss, (list, dict)):
+    # A single output declared as {"name": ...} or [...] has its loss given the same way.
+    if isinstance(loss, dict) and len(loss) == 1:
+        (loss,) = loss.values()
+    elif isinstance(loss, (list, tuple)) and len(loss) == 1:
+        (loss,) = loss
+    if loss is None or isinstance(loss, (list, tuple, dict)):
         return None
     try:
         return keras.losses.get(loss)

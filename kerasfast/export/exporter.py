@@ -21,7 +21,7 @@ from kerasfast.export.evaluation import classification_accuracy, loss_value, mod
 from kerasfast.export.formats import FORMATS
 from kerasfast.export.int8_selection import convert_int8_verified
 from kerasfast.export.litert import LiteRTModel
-from kerasfast.export.precision import float32_copy, is_mixed_precision
+from kerasfast.export.precision import float32_copy, is_mixed_precision, reduced_float_dtypes
 from kerasfast.export.report import ArtifactReport, artifact_sizes, markdown_table, write_report
 from kerasfast.export.tflite import convert_saved_model
 
@@ -85,6 +85,7 @@ def export_model(
     num_comparison_samples: int = 64,
     measure_latency: bool = True,
     overwrite: bool = False,
+    unsafe_deserialization: bool = False,
 ) -> ExportResult:
     """Exports `model` to serving and edge formats, verifies each, reports.
 
@@ -124,7 +125,12 @@ def export_model(
             training samples): array (or nested lists), `(x, y)` tuple or
             `tf.data.Dataset` (batched or of single samples).
             "onnx_int8" is static (calibrated) int8 with them, dynamic
-            (int8 weights only) without.
+            (int8 weights only) without. Calibrated files are verified on
+            eval_data, or else on representative samples held out from
+            calibration (those beyond `num_calibration_samples`, or the
+            last quarter), never on their own calibration samples; a
+            single sample, or samples all identical (e.g. zeros), are
+            refused for them.
         eval_data: `(x, y)` or a dataset of `(x, y)` batches (or single
             `(x, y)` samples, i.e. not yet `.batch(n)`-ed): accuracy and
             loss per artifact, computed from each artifact's own outputs.
@@ -134,13 +140,20 @@ def export_model(
             default: such files need the Flex delegate, which ai_edge_litert
             does not bundle, so they are kept but reported as not verified.
         num_calibration_samples: at most this many representative samples.
-        num_comparison_samples: inputs used to compare with Keras outputs.
+        num_comparison_samples: inputs used to compare with Keras outputs
+            (taken from eval_data, else representative_data; report.json's
+            `comparison_inputs` says which).
         measure_latency: time each .tflite file in LiteRT and each .onnx
             file in ONNX Runtime (batch 1, one thread).
         overwrite: also export into an `out_dir` holding files kerasfast did
             not write (they are left alone). Without it such a folder is
             refused. A foreign file at a name the export writes (e.g. the
             user's own model.keras) is refused either way.
+        unsafe_deserialization: check and reload the "keras" artifact with
+            `safe_mode=False`, so a model holding Python lambdas (Lambda
+            layers) exports to it; reloading runs their code, so only for
+            code you trust. Without it such a model is refused for "keras"
+            before anything is written.
 
     Returns:
         An `ExportResult` with the out_dir and one `ArtifactReport` per format.
@@ -168,9 +181,12 @@ def export_model(
     num_calibration_samples = preflight.check_positive_int(num_calibration_samples, "num_calibration_samples")
     num_comparison_samples = preflight.check_positive_int(num_comparison_samples, "num_comparison_samples")
     checked = _preflight(model, out_dir, formats, representative_data, eval_data,
-                         num_calibration_samples=num_calibration_samples, overwrite=overwrite)
+                         num_calibration_samples=num_calibration_samples,
+                         num_comparison_samples=num_comparison_samples, overwrite=overwrite,
+                         unsafe_deserialization=unsafe_deserialization)
     job = _prepare(model, checked, num_comparison_samples, int8_input_output=int8_input_output,
-                   allow_flex_ops=allow_flex_ops, measure_latency=measure_latency)
+                   allow_flex_ops=allow_flex_ops, measure_latency=measure_latency,
+                   unsafe_deserialization=unsafe_deserialization)
     with staged_export(checked.destination, checked.written_names, overwrite=overwrite) as folder:
         staging = _Staging(folder)
         _export_graphs(job, staging)
@@ -189,6 +205,8 @@ class _Checked:
     written_names: list  # top-level names the export writes in out_dir
     signature: preflight.ModelSignature
     calibration: np.ndarray | None
+    # Representative samples kept out of calibration, to verify calibrated formats on.
+    held_out: np.ndarray | None
     evaluation: tuple | None
     left_in_float: list  # layers Keras int8 leaves in float ("saved_model_int8" only)
 
@@ -203,6 +221,7 @@ class _Job:
     evaluation: tuple | None
     left_in_float: list
     comparison: np.ndarray  # inputs on which each artifact must match the model
+    comparison_source: str  # where `comparison` comes from, for the report
     keras_reference: np.ndarray
     # The model TFLite and ONNX convert (a float32 copy of a mixed-precision
     # one), what the report says about it, and its outputs on `comparison`.
@@ -217,6 +236,7 @@ class _Job:
     int8_input_output: bool
     allow_flex_ops: bool
     measure_latency: bool
+    unsafe_deserialization: bool
 
 
 @dataclasses.dataclass
@@ -247,7 +267,7 @@ class _Built:
 
 
 def _preflight(model, out_dir, formats, representative_data, eval_data, *, num_calibration_samples,
-               overwrite) -> _Checked:
+               num_comparison_samples, overwrite, unsafe_deserialization) -> _Checked:
     """Refuses bad arguments, cheapest checks first, writing nothing."""
     preflight.check_model_object(model)
     destination = check_writable_destination(out_dir)
@@ -258,23 +278,34 @@ def _preflight(model, out_dir, formats, representative_data, eval_data, *, num_c
     # Before the slow checks: a folder of user files is refused in a second.
     check_destination(destination, written_names, overwrite=overwrite)
     signature = preflight.model_signature(model)
+    preflight.check_string_input_formats(signature, chosen)
+    # A calibrated file checked on its own calibration samples looks exact
+    # even when its ranges clip real inputs: without eval_data, some
+    # representative samples are held out to verify it on.
+    hold_out = bool(preflight.calibrated_formats(chosen)) and eval_data is None
     calibration = preflight.check_inputs(
-        representative_data, signature, argument="representative_data", limit=num_calibration_samples
+        representative_data, signature, argument="representative_data",
+        limit=num_calibration_samples + (num_comparison_samples if hold_out else 0),
     )
+    preflight.check_calibration_spread(calibration, chosen)
+    held_out = None
+    if hold_out and calibration is not None:
+        calibration, held_out = preflight.split_held_out(calibration, num_calibration_samples, num_comparison_samples)
     evaluation = preflight.check_eval_data(eval_data, signature)
     preflight.check_token_ids(model, calibration, "representative_data")
+    preflight.check_token_ids(model, held_out, "representative_data")
     preflight.check_token_ids(model, None if evaluation is None else evaluation[0], "eval_data x")
     preflight.check_eval_labels(model, evaluation, model_loss_fn(model))
     if "keras" in chosen:
-        preflight.check_keras_serializable(model)
+        preflight.check_keras_serializable(model, safe_mode=not unsafe_deserialization)
     preflight.check_traceable(model, signature, chosen)
     left_in_float = preflight.check_keras_int8_quantizable(model) if "saved_model_int8" in chosen else []
-    return _Checked(destination, chosen, written_names, signature, calibration, evaluation, left_in_float)
+    return _Checked(destination, chosen, written_names, signature, calibration, held_out, evaluation, left_in_float)
 
 
 def _prepare(model, checked: _Checked, num_comparison_samples, **options) -> _Job:
     """Picks the comparison inputs and computes the outputs every artifact must reproduce."""
-    comparison = _comparison_inputs(checked.signature, checked.calibration, checked.evaluation, num_comparison_samples)
+    comparison, comparison_source = _comparison_inputs(checked, num_comparison_samples)
     keras_reference = _predict(model, comparison)
     # TFLite cannot take bfloat16 graphs, and Keras's ONNX export needs a
     # float32 model: convert from a float32 copy, and compare TFLite and ONNX
@@ -282,7 +313,11 @@ def _prepare(model, checked: _Checked, num_comparison_samples, **options) -> _Jo
     tflite_source, tflite_note = model, ""
     if any(FORMATS[f].is_tflite or FORMATS[f].is_onnx for f in checked.formats) and is_mixed_precision(model):
         tflite_source = float32_copy(model)
-        tflite_note = f"converted from a float32 copy of the {model.dtype_policy.name} model"
+        policy = model.dtype_policy.name
+        # A float32 policy with float16 layers inside would read "float32 copy of the float32 model".
+        what = (f"the {policy} model" if policy != "float32"
+                else f"the model (layers computing in {', '.join(reduced_float_dtypes(model))})")
+        tflite_note = f"converted from a float32 copy of {what}"
     tflite_reference = keras_reference if tflite_source is model else _predict(tflite_source, comparison)
     return _Job(
         model=model,
@@ -291,6 +326,7 @@ def _prepare(model, checked: _Checked, num_comparison_samples, **options) -> _Jo
         evaluation=checked.evaluation,
         left_in_float=checked.left_in_float,
         comparison=comparison,
+        comparison_source=comparison_source,
         keras_reference=keras_reference,
         tflite_source=tflite_source,
         tflite_note=tflite_note,
@@ -305,7 +341,8 @@ def _prepare(model, checked: _Checked, num_comparison_samples, **options) -> _Jo
 
 
 def _predict(model, x) -> np.ndarray:
-    return np.asarray(model.predict(x, verbose=0, batch_size=64), dtype=np.float32)
+    return np.asarray(preflight.only_output(model.predict(preflight.model_input(x), verbose=0, batch_size=64)),
+                      dtype=np.float32)
 
 
 def _export_graphs(job: _Job, staging: _Staging) -> None:
@@ -352,8 +389,9 @@ def _artifact_row(job: _Job, staging: _Staging, name: str) -> ArtifactReport:
 
 def _build_keras(job: _Job, target: Path) -> _Built:
     job.model.save(str(target))
-    restored = keras.saving.load_model(str(target))
-    return _Built(predict=lambda x: np.asarray(restored.predict(x, verbose=0, batch_size=64)))
+    restored = keras.saving.load_model(str(target), safe_mode=not job.unsafe_deserialization)
+    return _Built(predict=lambda x: np.asarray(preflight.only_output(
+        restored.predict(preflight.model_input(x), verbose=0, batch_size=64))))
 
 
 def _build_saved_model_int8(job: _Job, target: Path) -> _Built:
@@ -473,6 +511,7 @@ def _report_context(job: _Job, staging: _Staging) -> dict:
         "formats": job.formats,
         "eval_samples": 0 if job.evaluation is None else len(job.evaluation[0]),
         "comparison_samples": len(job.comparison),
+        "comparison_inputs": job.comparison_source,
         "calibration_samples": 0 if job.calibration is None else len(job.calibration),
         "latency": "median ms per sample, batch 1, 1 thread: ai_edge_litert for .tflite, "
         "onnxruntime (CPU) for .onnx",
@@ -499,10 +538,21 @@ def _join_notes(*notes) -> str:
     return "; ".join(n for n in notes if n)
 
 
-def _comparison_inputs(signature, calibration, evaluation, count):
-    for source in (calibration, None if evaluation is None else evaluation[0]):
+def _comparison_inputs(checked: _Checked, count):
+    """`(inputs, where they come from)`: real inputs the artifacts are verified on.
+
+    eval_data first, then representative samples held out from calibration;
+    calibration samples only when no format is calibrated on them.
+    """
+    signature = checked.signature
+    sources = [
+        (None if checked.evaluation is None else checked.evaluation[0], "eval_data"),
+        (checked.held_out, "representative_data samples held out from calibration"),
+        (checked.calibration, "representative_data"),
+    ]
+    for source, name in sources:
         if source is not None:
-            return source[:count]
+            return source[:count], name
     if any(d is None for d in signature.input_shape):
         raise ExportError(
             f"The model input {signature.input_shape} has unknown dimensions; pass representative_data "
@@ -510,9 +560,11 @@ def _comparison_inputs(signature, calibration, evaluation, count):
         )
     rng = np.random.default_rng(0)
     shape = (min(count, 16), *signature.input_shape)
+    if signature.takes_strings:
+        return np.full(shape, "", dtype=object), "empty strings"
     if np.dtype(signature.input_dtype).kind == "f":
-        return rng.standard_normal(shape).astype(signature.input_dtype)
-    return np.zeros(shape, dtype=signature.input_dtype)
+        return rng.standard_normal(shape).astype(signature.input_dtype), "random inputs"
+    return np.zeros(shape, dtype=signature.input_dtype), "zeros"
 
 
 def _saved_model_predict(path):

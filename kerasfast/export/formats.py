@@ -15,6 +15,9 @@ class ExportFormat:
     is_tflite: bool = False
     is_onnx: bool = False
     needs_representative_data: bool = False
+    # Calibrates activation ranges on representative_data (when given), so it
+    # must be verified on other inputs than the calibration samples.
+    calibrated: bool = False
 
 
 FORMATS: dict[str, ExportFormat] = {
@@ -40,6 +43,7 @@ FORMATS: dict[str, ExportFormat] = {
             "TFLite, full integer int8 weights and activations, calibrated on representative data",
             is_tflite=True,
             needs_representative_data=True,
+            calibrated=True,
         ),
         ExportFormat("tflite_float16", "model_float16.tflite", "TFLite, float16 weights", is_tflite=True),
         ExportFormat(
@@ -54,6 +58,7 @@ FORMATS: dict[str, ExportFormat] = {
             "ONNX int8 by onnxruntime.quantization: static QDQ calibrated on representative data, "
             "else dynamic (int8 weights)",
             is_onnx=True,
+            calibrated=True,
         ),
     ]
 }

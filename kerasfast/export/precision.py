@@ -14,13 +14,20 @@ import keras
 from kerasfast import _compat
 
 
-def is_mixed_precision(model) -> bool:
-    """Whether any layer computes in a dtype other than float32."""
-    return any(
-        getattr(layer, "compute_dtype", "float32") != "float32"
+def reduced_float_dtypes(model) -> list[str]:
+    """The floating-point compute dtypes other than float32 of `model`'s layers (e.g. ["bfloat16"])."""
+    found = {
+        str(getattr(layer, "compute_dtype", "float32"))
         for layer in _compat.flatten_layers(model)
         if not isinstance(layer, keras.layers.InputLayer)
-    )
+    }
+    # Integer and string layers (StringLookup, Embedding ids) are not reduced precision.
+    return sorted(d for d in found if d in ("float16", "bfloat16"))
+
+
+def is_mixed_precision(model) -> bool:
+    """Whether any layer computes in a float dtype other than float32."""
+    return bool(reduced_float_dtypes(model))
 
 
 def float32_copy(model):
@@ -35,7 +42,9 @@ def float32_copy(model):
 
     def rebuild_in_float32(layer):
         config = layer.get_config()
-        config["dtype"] = "float32"
+        # Operations such as GetItem (t[:, 0]) take no dtype argument.
+        if isinstance(layer, keras.layers.Layer):
+            config["dtype"] = "float32"
         return layer.__class__.from_config(config)
 
     copy = keras.models.clone_model(model, clone_function=rebuild_in_float32)

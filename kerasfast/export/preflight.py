@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import numbers
 import os
+import re
 
 import keras
 import numpy as np
@@ -14,6 +16,13 @@ from kerasfast import _compat
 from kerasfast.data.messages import tf_error_text
 from kerasfast.errors import DataError, ExportError
 from kerasfast.export.formats import DEFAULT_FORMATS, FORMATS
+
+# Formats that serve a model whose input is a string tensor: TFLite has
+# string tensors and builtin hash-table lookups (StringLookup converts), but
+# int8 calibration needs numeric inputs, and tf2onnx's lookup-table support
+# is not verified here.
+STRING_INPUT_FORMATS = ("keras", "saved_model", "saved_model_int8", "tflite_float32", "tflite_dynamic_int8",
+                        "tflite_float16")
 
 # Layers Keras's model.quantize("int8") converts; everything else with
 # weights stays in float (Keras only warns, per layer).
@@ -30,6 +39,11 @@ class ModelSignature:
 
     def tensor_spec(self):
         return tf.TensorSpec((None, *self.input_shape), self.input_dtype)
+
+    @property
+    def takes_strings(self) -> bool:
+        # Keras names the dtype "string", which NumPy does not know.
+        return self.input_dtype == "string"
 
 
 def resolve_formats(formats, has_representative_data: bool) -> list[str]:
@@ -97,12 +111,62 @@ def _first_line(error) -> str:
     return text[0][:300] if text else type(error).__name__
 
 
+# Keras highlights the real reason of a failed call() in bold.
+_KERAS_BOLD = re.compile(r"\x1b\[1m(.*?)\x1b\[0m", re.S)
+_EXCEPTION_LINE = re.compile(r"^\s*[A-Za-z_][\w.]*(Error|Exception): ")
+_INVALID_SCOPE = re.compile(r"'(.*)' is not a valid (?:root )?scope name")
+
+
+def _trace_reason(error) -> str:
+    """The line saying why tracing failed.
+
+    Errors raised inside a tf.function start with "in user code:" and a
+    traceback; the reason is Keras's highlighted text, else the traceback's
+    last exception line.
+    """
+    text = str(error)
+    bold = _KERAS_BOLD.search(text)
+    if bold:
+        return " ".join(bold.group(1).split())[:300].rstrip(".")
+    exception_lines = [line.strip() for line in text.splitlines() if _EXCEPTION_LINE.match(line)]
+    if text.strip().startswith("in user code:") and exception_lines:
+        return exception_lines[-1][:300].rstrip(".")
+    return _first_line(error)
+
+
+@contextlib.contextmanager
+def _keeping_keras_name_scopes():
+    """Restores Keras's name-scope stack after a failed trace.
+
+    When TensorFlow rejects a scope name (e.g. a layer named "out layer"),
+    Keras's name_scope has already pushed itself and never pops: every
+    later model built in the process would get that prefix, and fail too.
+    """
+    try:
+        from keras.src.backend.common import global_state
+    except ImportError:  # pragma: no cover - another Keras layout
+        yield
+        return
+    depth = len(global_state.get_global_attribute("name_scope_stack") or [])
+    try:
+        yield
+    finally:
+        stack = global_state.get_global_attribute("name_scope_stack")
+        if stack:
+            del stack[depth:]
+
+
 def check_traceable(model, signature: ModelSignature, formats) -> None:
     """Refuses models a SavedModel/TFLite export cannot trace into a graph.
 
     Raises:
         ExportError: naming the first layer that fails to trace.
     """
+    with _keeping_keras_name_scopes():
+        _check_traceable(model, signature, formats)
+
+
+def _check_traceable(model, signature: ModelSignature, formats) -> None:
     graph_formats = [f for f in formats if f != "keras"]
     if not graph_formats:
         return
@@ -110,7 +174,7 @@ def check_traceable(model, signature: ModelSignature, formats) -> None:
         tf.function(lambda x: model(x, training=False)).get_concrete_function(signature.tensor_spec())
         return
     except Exception as model_error:  # find the layer to name
-        culprit, reason = None, _first_line(model_error)
+        culprit, reason = None, _trace_reason(model_error)
         for layer in model.layers:
             layer_inputs = getattr(layer, "input", None)
             if layer_inputs is None or isinstance(layer, keras.layers.InputLayer):
@@ -119,9 +183,18 @@ def check_traceable(model, signature: ModelSignature, formats) -> None:
             try:
                 _trace_layer(layer, specs)
             except Exception as layer_error:
-                culprit, reason = layer, _first_line(layer_error)
+                culprit, reason = layer, _trace_reason(layer_error)
                 break
         where = f"layer '{culprit.name}' ({type(culprit).__name__})" if culprit else "the model"
+        invalid_name = _INVALID_SCOPE.search(reason)
+        if invalid_name:
+            raise ExportError(
+                f"The name '{invalid_name.group(1)}' (of {where if culprit else 'the model or one of its layers'}) "
+                f"is not a valid TensorFlow scope name, so none of the formats {graph_formats} can export it: "
+                "names may hold only letters, digits and _ . / > -. Build the model with that name changed (e.g. "
+                f"'{re.sub(r'[^A-Za-z0-9_.>/-]', '_', invalid_name.group(1))}'), or export with formats=['keras'] "
+                "only."
+            ) from model_error
         raise ExportError(
             f"{where} cannot be traced into a TensorFlow graph, so none of the formats {graph_formats} can "
             f"export it: {reason}. Write its call() with keras.ops / TensorFlow ops (no NumPy or Python "
@@ -146,8 +219,15 @@ def _accepts_training(layer) -> bool:
         return False
 
 
-def check_keras_serializable(model) -> None:
-    """Refuses models whose layers could not be loaded back from `.keras`."""
+def check_keras_serializable(model, *, safe_mode: bool = True) -> None:
+    """Refuses models whose layers could not be loaded back from `.keras`.
+
+    Besides unregistered classes and missing `get_config()`, each layer is
+    rebuilt from its config as `keras.saving.load_model(...,
+    safe_mode=safe_mode)` would, so a Lambda holding a Python lambda
+    (refused in safe mode) or a `get_config()` missing an `__init__`
+    argument is named here, before any artifact is built.
+    """
     problems = []
     custom_objects = keras.saving.get_custom_objects()
     for layer in _compat.flatten_layers(model, include_self=True):
@@ -167,6 +247,43 @@ def check_keras_serializable(model) -> None:
             "class with @keras.saving.register_keras_serializable() and give it a get_config(), or drop "
             "'keras' from formats."
         )
+    # Layer by layer, not the whole model: rebuilding builds weights, and one
+    # layer's at a time is cheap even for a large model.
+    for layer in _compat.flatten_layers(model):
+        if isinstance(layer, (keras.layers.InputLayer, keras.Model)):
+            continue
+        try:
+            _config_round_trip(layer, safe_mode)
+        except Exception as error:
+            where = f"layer '{layer.name}' ({type(layer).__name__})"
+            if safe_mode and isinstance(layer, keras.layers.Lambda):
+                raise ExportError(
+                    f"The 'keras' format would write a file that cannot be loaded back: {where} holds a Python "
+                    "lambda, which keras.saving.load_model refuses by default (safe_mode) since loading runs its "
+                    "code. Replace it with a registered custom layer, pass unsafe_deserialization=True (CLI: "
+                    "--unsafe-deserialization) if you trust the code, or drop 'keras' from formats."
+                ) from error
+            raise ExportError(
+                f"The 'keras' format would write a file that cannot be loaded back: {where} cannot be rebuilt "
+                f"from its config ({_innermost_reason(error)}). Make its get_config() return every argument its "
+                "__init__ needs (and its from_config() rebuild any nested layer), or drop 'keras' from formats."
+            ) from error
+
+
+def _innermost_reason(error) -> str:
+    # Keras wraps the real failure (e.g. "__init__() missing 1 required
+    # positional argument") in "Exception encountered:" layers of advice.
+    text = str(error)
+    marker = "Exception encountered: "
+    if marker in text:
+        return text.rsplit(marker, 1)[1].strip().splitlines()[0][:300]
+    return _first_line(error)
+
+
+def _config_round_trip(obj, safe_mode: bool) -> None:
+    """Rebuilds `obj` from its serialized config, as loading a `.keras` file does."""
+    config = keras.saving.serialize_keras_object(obj)
+    keras.saving.deserialize_keras_object(config, safe_mode=safe_mode)
 
 
 def check_keras_int8_quantizable(model) -> list[str]:
@@ -276,6 +393,8 @@ def check_inputs(data, signature: ModelSignature, *, argument: str, limit: int) 
             f"{tuple(expected)} (batch dimension first, then exactly these). Reshape the data, e.g. "
             f"x.reshape(-1, {', '.join(str(d) for d in expected)})."
         )
+    if signature.takes_strings:
+        return _check_strings(array, argument)
     want = np.dtype(signature.input_dtype)
     if array.dtype.kind not in ("f", "i", "u", "b") or (want.kind == "f") != (array.dtype.kind == "f"):
         raise DataError(
@@ -286,6 +405,95 @@ def check_inputs(data, signature: ModelSignature, *, argument: str, limit: int) 
     if want.kind == "f" and not np.all(np.isfinite(array)):
         raise DataError(f"{argument} contains NaN or infinite values.")
     return array
+
+
+def _check_strings(array, argument: str) -> np.ndarray:
+    """`array` as an object array of str/bytes, for a model whose input is a string tensor."""
+    if array.dtype.kind == "O":
+        bad = next((value for value in array.flat if not isinstance(value, (str, bytes))), None)
+        if bad is not None:
+            raise DataError(f"{argument} holds {type(bad).__name__} value {bad!r} but the model input is a string "
+                            "tensor; pass str or bytes values (e.g. np.array([...], dtype=object)).")
+    elif array.dtype.kind not in ("U", "S"):
+        raise DataError(f"{argument} has dtype {array.dtype} but the model input is a string tensor; pass text "
+                        "(str or bytes) values.")
+    return array.astype(object)
+
+
+def model_input(x):
+    """`x` as `model.predict` takes it: Keras refuses NumPy text arrays, not string tensors."""
+    return tf.constant(x) if x.dtype == object else x
+
+
+def only_output(outputs):
+    """The one output array of a single-output model, also when it was declared as a dict or list."""
+    if isinstance(outputs, dict):
+        (outputs,) = outputs.values()
+    elif isinstance(outputs, (list, tuple)):
+        (outputs,) = outputs
+    return outputs
+
+
+def check_string_input_formats(signature: ModelSignature, formats) -> None:
+    """Refuses formats that cannot take a string input tensor, naming those that can.
+
+    Full-integer int8 calibrates on numeric inputs; ONNX is not offered for
+    them (see `STRING_INPUT_FORMATS`).
+    """
+    if not signature.takes_strings:
+        return
+    refused = [name for name in formats if name not in STRING_INPUT_FORMATS]
+    if refused:
+        raise ExportError(
+            f"The model input is a string tensor, which {refused} cannot take; export it with formats="
+            f"{list(STRING_INPUT_FORMATS)}, or move the text preprocessing (e.g. StringLookup, TextVectorization) "
+            "out of the model and export the model that takes its integer ids."
+        )
+
+
+def calibrated_formats(formats) -> list[str]:
+    """The formats among `formats` whose int8 ranges are calibrated on representative_data."""
+    return [name for name in formats if FORMATS[name].calibrated]
+
+
+def check_calibration_spread(samples, formats) -> None:
+    """Refuses representative data that cannot calibrate int8 ranges.
+
+    One sample, or samples that are all the same (e.g. all zeros), give
+    activation ranges that clip every other input; checked on those very
+    samples, the file would still look exact.
+
+    Raises:
+        DataError: naming the formats that calibrate and what is wrong.
+    """
+    calibrated = calibrated_formats(formats)
+    if samples is None or not calibrated:
+        return
+    if len(samples) < 2:
+        raise DataError(
+            f"representative_data holds 1 sample, which cannot calibrate {calibrated}: int8 ranges taken from one "
+            "input clip other inputs, and no sample is left to verify the file on. Pass a few hundred training "
+            "inputs."
+        )
+    if np.all(samples == samples[:1]):
+        what = "all zeros" if not np.any(samples) else "one input repeated"
+        raise DataError(
+            f"representative_data's {len(samples)} samples are all identical ({what}), which cannot calibrate "
+            f"{calibrated}: int8 ranges taken from them clip every real input. Pass a few hundred real training "
+            "inputs."
+        )
+
+
+def split_held_out(samples, calibration_limit: int, count: int):
+    """`(calibration, held_out)`: representative samples to calibrate on, and others to verify on.
+
+    Samples beyond `calibration_limit` are held out first; with no more than
+    that, the last quarter (at most `count`, at least one) is.
+    """
+    if len(samples) > calibration_limit:
+        return samples[:calibration_limit], samples[calibration_limit:calibration_limit + count]
+    held = min(count, max(1, len(samples) // 4))
+    return samples[:-held], samples[-held:]
 
 
 def check_eval_data(eval_data, signature: ModelSignature, limit: int = 100_000):
@@ -353,7 +561,7 @@ def check_eval_labels(model, evaluation, loss_fn, chunk: int = 8192) -> None:
     if evaluation is None or loss_fn is None:
         return
     x, y = evaluation
-    width = np.asarray(model.predict(x[:1], verbose=0)).shape[1:]
+    width = np.asarray(only_output(model.predict(model_input(x[:1]), verbose=0))).shape[1:]
     for start in range(0, len(y), chunk):
         labels = y[start:start + chunk]
         uniform = np.full((len(labels), *width), 1.0 / max(1, int(np.prod(width[-1:]))), np.float32)

@@ -98,7 +98,8 @@ def write_report(folder: Path, rows: list[ArtifactReport], context: dict) -> Non
     if context.get("eval_samples"):
         header.append(f"Accuracy/loss on {context['eval_samples']} eval samples; TFLite evaluated in LiteRT, "
                       "ONNX in ONNX Runtime.  ")
-    header.append(f"Max diff vs Keras on {context.get('comparison_samples', 0)} sample inputs.")
+    source = f" ({context['comparison_inputs']})" if context.get("comparison_inputs") else ""
+    header.append(f"Max diff vs Keras on {context.get('comparison_samples', 0)} sample inputs{source}.")
     if context.get("tflite_input_batch"):
         header[-1] += "  "
         header.append(f"The .tflite files take a fixed batch of {context['tflite_input_batch']} (input shape "
