@@ -180,9 +180,8 @@ def export_model(
     """
     num_calibration_samples = preflight.check_positive_int(num_calibration_samples, "num_calibration_samples")
     num_comparison_samples = preflight.check_positive_int(num_comparison_samples, "num_comparison_samples")
-    checked = _preflight(model, out_dir, formats, representative_data, eval_data,
-                         num_calibration_samples=num_calibration_samples,
-                         num_comparison_samples=num_comparison_samples, overwrite=overwrite,
+    samples = _Samples(representative_data, eval_data, num_calibration_samples, num_comparison_samples)
+    checked = _preflight(model, out_dir, formats, samples, overwrite=overwrite,
                          unsafe_deserialization=unsafe_deserialization)
     job = _prepare(model, checked, num_comparison_samples, int8_input_output=int8_input_output,
                    allow_flex_ops=allow_flex_ops, measure_latency=measure_latency,
@@ -266,9 +265,20 @@ class _Built:
     quantization: dict | None = None
 
 
-def _preflight(model, out_dir, formats, representative_data, eval_data, *, num_calibration_samples,
-               num_comparison_samples, overwrite, unsafe_deserialization) -> _Checked:
+@dataclasses.dataclass(frozen=True)
+class _Samples:
+    """The data an export calibrates and verifies with, and how many samples of each it takes."""
+
+    representative: Any
+    evaluation: Any
+    calibration_count: int
+    comparison_count: int
+
+
+def _preflight(model, out_dir, formats, samples: _Samples, *, overwrite, unsafe_deserialization) -> _Checked:
     """Refuses bad arguments, cheapest checks first, writing nothing."""
+    representative_data, eval_data = samples.representative, samples.evaluation
+    num_calibration_samples, num_comparison_samples = samples.calibration_count, samples.comparison_count
     preflight.check_model_object(model)
     destination = check_writable_destination(out_dir)
     chosen = preflight.resolve_formats(formats, representative_data is not None)
