@@ -59,6 +59,7 @@ class _FromStep(keras.callbacks.Callback):
         self.callback, self._steps, self._first_step = callback, steps, first_step
 
     def set_model(self, model):
+        super().set_model(model)
         self.callback.set_model(model)
 
     def set_params(self, params):
