@@ -351,8 +351,7 @@ def _prepare(model, checked: _Checked, num_comparison_samples, **options) -> _Jo
 
 
 def _predict(model, x) -> np.ndarray:
-    return np.asarray(preflight.only_output(model.predict(preflight.model_input(x), verbose=0, batch_size=64)),
-                      dtype=np.float32)
+    return preflight.predicted(model, x).astype(np.float32, copy=False)
 
 
 def _export_graphs(job: _Job, staging: _Staging) -> None:
@@ -400,8 +399,7 @@ def _artifact_row(job: _Job, staging: _Staging, name: str) -> ArtifactReport:
 def _build_keras(job: _Job, target: Path) -> _Built:
     job.model.save(str(target))
     restored = keras.saving.load_model(str(target), safe_mode=not job.unsafe_deserialization)
-    return _Built(predict=lambda x: np.asarray(preflight.only_output(
-        restored.predict(preflight.model_input(x), verbose=0, batch_size=64))))
+    return _Built(predict=lambda x: preflight.predicted(restored, x))
 
 
 def _build_saved_model_int8(job: _Job, target: Path) -> _Built:

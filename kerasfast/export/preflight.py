@@ -420,18 +420,18 @@ def _check_strings(array, argument: str) -> np.ndarray:
     return array.astype(object)
 
 
-def model_input(x):
-    """`x` as `model.predict` takes it: Keras refuses NumPy text arrays, not string tensors."""
-    return tf.constant(x) if x.dtype == object else x
+def predicted(model, x, batch_size: int = 64) -> np.ndarray:
+    """`model.predict` on `x`, as the one output array of a single-output model.
 
-
-def only_output(outputs):
-    """The one output array of a single-output model, also when it was declared as a dict or list."""
+    Keras refuses NumPy text arrays (not string tensors) as input, and a
+    single output may be declared as a dict or a one-element list.
+    """
+    outputs = model.predict(tf.constant(x) if x.dtype == object else x, verbose=0, batch_size=batch_size)
     if isinstance(outputs, dict):
         (outputs,) = outputs.values()
     elif isinstance(outputs, (list, tuple)):
         (outputs,) = outputs
-    return outputs
+    return np.asarray(outputs)
 
 
 def check_string_input_formats(signature: ModelSignature, formats) -> None:
@@ -561,7 +561,7 @@ def check_eval_labels(model, evaluation, loss_fn, chunk: int = 8192) -> None:
     if evaluation is None or loss_fn is None:
         return
     x, y = evaluation
-    width = np.asarray(only_output(model.predict(model_input(x[:1]), verbose=0))).shape[1:]
+    width = predicted(model, x[:1]).shape[1:]
     for start in range(0, len(y), chunk):
         labels = y[start:start + chunk]
         uniform = np.full((len(labels), *width), 1.0 / max(1, int(np.prod(width[-1:]))), np.float32)
