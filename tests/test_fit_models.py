@@ -219,3 +219,39 @@ def test_a_model_rebuilt_for_a_strategy_goes_on_from_its_optimizers_state(digits
     alone, _ = trained_twice(strategy="none")
     for a, b in zip(model.get_weights(), alone.get_weights(), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+class _ReadsValues(keras.layers.Layer):
+    """Reads its input's values, which only an eager tensor has (why a model is compiled run_eagerly)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.means = []
+
+    def call(self, x):
+        if isinstance(x, tf.Tensor):  # not the KerasTensor of Sequential's own build
+            self.means.append(float(x.numpy().mean()))
+        return x
+
+    def compute_output_shape(self, shape):
+        return shape
+
+
+def test_an_eager_model_whose_layer_reads_values_trains_as_in_keras():
+    x = np.random.default_rng(0).normal(size=(64, 8)).astype("float32")
+    y = x[:, :1]
+    histories, means = [], []
+    for train in ("keras", "kerasfast"):
+        keras.utils.set_random_seed(0)
+        reads = _ReadsValues()
+        model = keras.Sequential([keras.Input((8,)), reads, keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse", run_eagerly=True)
+        if train == "keras":
+            history = model.fit(x, y, epochs=1, batch_size=32, shuffle=False, verbose=0)
+        else:
+            history = kerasfast.fit(model, x, y, epochs=1, batch_size=32, shuffle=False, run_dir=False, verbose=0,
+                                    tune="off")
+        histories.append(history.history["loss"])
+        means.append(reads.means)
+    assert means[1] == pytest.approx(means[0]) and len(means[1]) == 2
+    np.testing.assert_allclose(histories[1], histories[0], rtol=1e-5)

@@ -161,6 +161,10 @@ def _has_added_losses(model) -> bool:
 def _build_state(run: Run) -> None:
     """Creates model, loss, metric and optimizer variables, once, before the first trace."""
     model = run.train_model
+    if run.model_facts.run_eagerly and run.strategy is None:
+        # As in Keras: an eager model builds in its first step, where its
+        # layers may read tensors' values (a symbolic build gives them none).
+        return
     if run.model_facts.custom_train_step is None:
         _compat.build_state(model, run.train_data.sample_batch)
         return
