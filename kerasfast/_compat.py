@@ -399,8 +399,16 @@ def call_epoch_hooks(adapter) -> None:
 
     def one_pass():
         py_dataset.on_epoch_begin()
-        yield from batches()
+        last = None
+        for batch in batches():
+            if last is not None:
+                yield last
+            last = batch
+        # The pass ends (Keras's worker threads stop) before its last batch
+        # goes out: a reader that takes exactly one pass never asks past it.
         py_dataset.on_epoch_end()
+        if last is not None:
+            yield last
 
     adapter._get_iterator = one_pass
 

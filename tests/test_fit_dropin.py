@@ -890,6 +890,44 @@ def test_a_pydataset_draws_new_batches_each_epoch_as_in_keras():
     assert batches.ends >= 3 and batches.begins >= 3
 
 
+class _Curriculum(keras.utils.PyDataset):
+    """Batches scaled by a level that a callback raises each epoch; records the level of each batch read."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.level, self.read = 0, []
+
+    def __len__(self):
+        return len(X) // 40
+
+    def __getitem__(self, index):
+        self.read.append(self.level)
+        return X[index * 40:(index + 1) * 40] * (1 + self.level), Y[index * 40:(index + 1) * 40]
+
+
+class _RaiseLevel(keras.callbacks.Callback):
+    def __init__(self, batches):
+        super().__init__()
+        self.batches, self.levels_read = batches, []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.batches.level, self.start = epoch, len(self.batches.read)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.levels_read.append(self.batches.read[self.start:])
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_pydataset_a_callback_changes_between_epochs_is_read_after_the_change_as_in_keras(workers):
+    batches = _Curriculum(workers=workers)
+    curriculum = _RaiseLevel(batches)
+    kerasfast.fit(_model(), batches, epochs=3, shuffle=False, callbacks=[curriculum], run_dir=False, verbose=0,
+                  tune="off")
+    steps = len(batches)
+    # model.fit reads each epoch's batches after the callback's on_epoch_begin, none ahead of it.
+    assert curriculum.levels_read == [[0] * steps, [1] * steps, [2] * steps]
+
+
 def _uncompiled(seed=4):
     keras.utils.set_random_seed(seed)
     return keras.Sequential([keras.Input((6,)), keras.layers.Dense(12, activation="tanh"),

@@ -1,5 +1,10 @@
 """Any Keras 3 model trains through kerasfast.fit and stays usable afterwards."""
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import keras
 import numpy as np
 import pytest
@@ -255,3 +260,47 @@ def test_an_eager_model_whose_layer_reads_values_trains_as_in_keras():
         means.append(reads.means)
     assert means[1] == pytest.approx(means[0]) and len(means[1]) == 2
     np.testing.assert_allclose(histories[1], histories[0], rtol=1e-5)
+
+
+_CREATED_UNDER_MIRRORED = textwrap.dedent(
+    """
+    import numpy as np
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    import keras
+    import kerasfast
+    from kerasfast.errors import ModelError
+
+    class Subclassed(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(2)
+
+        def call(self, x):
+            return self.dense(x)
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(64, 8)).astype("float32"), rng.integers(0, 2, 64)
+    with tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope():
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
+        subclassed = Subclassed()
+    before = model.get_weights()[0].copy()
+    options = dict(epochs=1, batch_size=16, strategy="none", loss="sparse_categorical_crossentropy", run_dir=False,
+                   verbose=0, tune="off")
+    result = kerasfast.fit(model, x, y, **options)
+    assert np.isfinite(result.history["loss"][0]) and not np.allclose(model.get_weights()[0], before)
+    try:
+        kerasfast.fit(subclassed, x, y, **options)
+    except ModelError as error:
+        print("refused:", error)
+    """
+)
+
+
+def test_a_model_created_in_a_strategys_scope_trains_with_no_strategy_or_is_refused_naming_it():
+    done = subprocess.run([sys.executable, "-c", _CREATED_UNDER_MIRRORED], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "refused: model 'subclassed' (Subclassed) was created in a MirroredStrategy's scope" in done.stdout
+    assert "strategy='none'" in done.stdout

@@ -6,6 +6,7 @@ import json
 import os
 import pathlib
 import subprocess
+import re
 import sys
 import time
 
@@ -162,6 +163,38 @@ def test_an_epoch_resumed_mid_way_shows_callbacks_and_the_progress_bar_its_own_s
     assert "10/10" in printed and "4/4" not in printed
 
 
+class _Session(keras.callbacks.Callback):
+    """Counts the training sessions a callback sees; adds a log key at each epoch end, as ReduceLROnPlateau does."""
+
+    def __init__(self):
+        super().__init__()
+        self.hooks = []
+
+    def on_train_begin(self, logs=None):
+        self.hooks.append("begin")
+
+    def on_train_end(self, logs=None):
+        self.hooks.append("end")
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs["epoch_seen"] = float(epoch)
+
+
+def test_a_run_resumed_mid_epoch_is_one_training_session_to_callbacks(digits, tmp_path):
+    (x, y), _ = digits
+    x = x.reshape(len(x), 64)
+    options = _crashed_run(x, y, tmp_path, epochs=3)
+    session, log = _Session(), tmp_path / "log.csv"
+    result = kerasfast.fit(_model(), (x, y), callbacks=[session, keras.callbacks.CSVLogger(log, append=True)],
+                           **options)
+    # One on_train_begin and one on_train_end, as model.fit calls them; a second begin would reopen the CSV log.
+    assert session.hooks == ["begin", "end"]
+    assert [row.split(",")[0] for row in log.read_text().splitlines()[1:]] == ["0", "1", "2"]
+    # The key a callback adds at epoch end is in the History of every epoch, the resumed ones' included.
+    assert result.history.history["epoch_seen"] == [0.0, 1.0, 2.0]
+    assert len(result.history.history["loss"]) == 3
+
+
 def test_a_backup_from_another_model_is_refused(digits, tmp_path):
     (x, y), _ = digits
     x = x.reshape(len(x), 64)
@@ -188,6 +221,51 @@ def test_backups_can_be_turned_off(digits, tmp_path):
         kerasfast.fit(_model(), (x, y), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       steps_per_execution=1, run_dir=tmp_path, backup_dir=False, callbacks=[_Crash()], verbose=0)
     assert not (tmp_path / "backup").exists()
+
+
+def test_a_keras_backup_and_restore_among_the_callbacks_resumes_the_run_alone(digits, tmp_path):
+    (x, y), _ = digits
+    x = x.reshape(len(x), 64)
+    keras_backup = keras.callbacks.BackupAndRestore(str(tmp_path / "keras_backup"))
+    options = dict(_OPTIONS, epochs=3, run_dir=tmp_path / "run", callbacks=[keras_backup])
+    with pytest.raises(PlanError, match="keep one"):
+        kerasfast.fit(_model(), (x, y), backup_dir=tmp_path / "ours", **options)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        kerasfast.fit(_model(), (x, y), **{**options, "callbacks": [keras_backup, _CrashInEpoch(1)]})
+    assert not (tmp_path / "run" / "backup").exists()  # kerasfast's own stays off: Keras's resumes the run
+    result = kerasfast.fit(_model(), (x, y), **options)
+    assert result.history.epoch == [1, 2]  # as model.fit resumes under BackupAndRestore: from epoch 1, once
+
+
+class _CrashInEpoch(keras.callbacks.Callback):
+    def __init__(self, epoch):
+        super().__init__()
+        self.crash_epoch = epoch
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.epoch == self.crash_epoch and batch >= 5:
+            raise RuntimeError("simulated crash")
+
+
+@pytest.mark.parametrize("argument, value, message", [
+    ("backup_dir", True, "backup_dir=True is not valid"),
+    ("backup_dir", "a_file/backup", "backup_dir='a_file/backup' cannot be a folder: a_file is a file"),
+    ("backup_dir", "b" * 300, "cannot be a folder: File name too long"),
+    ("backup_every", 0, "backup_every=0 is not valid"),
+    ("backup_every", "epoch", "backup_every='epoch' is not valid"),
+])
+def test_a_bad_backup_argument_is_refused_before_anything_is_written(digits, tmp_path, monkeypatch, argument, value,
+                                                                     message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a_file").write_text("not a folder")
+    (x, y), _ = digits
+    with pytest.raises(PlanError, match=re.escape(message)):
+        kerasfast.fit(_model(), (x.reshape(len(x), 64), y), **{**_OPTIONS, "run_dir": tmp_path / "run",
+                                                               argument: value})
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.slow
@@ -252,7 +330,10 @@ def test_a_resume_uses_the_recorded_plan_and_refuses_changed_arguments(digits, t
                            ({"epochs": 3}, "epochs 3 (the backup's run: 2), which sets the schedule's length"),
                            ({"learning_rate": 0.05}, "learning_rate 0.05"),
                            ({"seed": 12345}, "seed 12345 (the backup's run: "),
-                           ({"shuffle": False}, "shuffle False (the backup's run: True)")):
+                           ({"shuffle": False}, "shuffle False (the backup's run: True)"),
+                           ({"loss": keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=1)},
+                            '"ignore_class": 1'),
+                           ({"class_weight": {k: 1.0 + k for k in range(10)}}, "class_weight {'0': 1.0")):
         with pytest.raises(PlanError, match="change what training computes") as refused:
             kerasfast.fit(_model(), (x, y), **{**options, **changed})
         assert shown in str(refused.value) and "resume='force'" in str(refused.value)

@@ -99,6 +99,21 @@ class Backup:
         self.path = self.directory / STATE_FILE
         self.is_chief = is_chief
 
+    def make_folder(self) -> None:
+        """Makes the folder up front (chief only), so that one that cannot be made stops the run before it
+        trains, not at the first save.
+
+        Raises:
+            PlanError: Naming the folder and the remedy.
+        """
+        if not self.is_chief:
+            return
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise PlanError(f"cannot make the backup folder {self.directory}: {error.strerror or error}. Pass a "
+                            "backup_dir= you can write, or backup_dir=False for no backup.") from error
+
     def progress(self) -> Progress | None:
         """The saved progress, or None when there is nothing to resume.
 
@@ -203,9 +218,9 @@ class BackupCallback(keras.callbacks.Callback):
     """
 
     def __init__(self, backup: Backup, plan, seed: int, every_steps: int, first_epoch: int = 0, first_step: int = 0,
-                 history: dict | None = None, shuffle=None):
+                 history: dict | None = None, recorded: dict | None = None):
         super().__init__()
-        self.shuffle = shuffle
+        self.recorded = dict(recorded or {})
         self.history = {name: list(values) for name, values in (history or {}).items()}
         self.backup = backup
         self.plan = plan
@@ -216,7 +231,7 @@ class BackupCallback(keras.callbacks.Callback):
         self._last_saved = first_step
 
     def _progress(self, epoch, step):
-        return Progress(epoch, step, self.seed, {**signature(self.model, self.plan), "shuffle": self.shuffle},
+        return Progress(epoch, step, self.seed, {**signature(self.model, self.plan), **self.recorded},
                         self.history, self.plan.values())
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -232,7 +247,13 @@ class BackupCallback(keras.callbacks.Callback):
             self.backup.save(self.model, self.plan, self._progress(self._epoch, step))
             self._last_saved = step
 
-    def on_epoch_end(self, epoch, logs=None):
+    def after_callbacks(self) -> keras.callbacks.Callback:
+        """The callback that saves at each epoch end, to be placed after the user's: the epoch's logs as
+        they leave them (ReduceLROnPlateau adds its rate) and their changes (a new learning rate) are
+        saved. Batch saves come before the user's callbacks, so a step one of them fails on is kept."""
+        return keras.callbacks.LambdaCallback(on_epoch_end=self._epoch_ended)
+
+    def _epoch_ended(self, epoch, logs=None):
         for name, value in (logs or {}).items():
             self.history.setdefault(name, []).append(float(value))
         self.backup.save(self.model, self.plan, self._progress(epoch + 1, 0))

@@ -27,7 +27,7 @@ BATCH_HOOKS = (
 )
 # Keras's own callbacks whose batch hooks only display or record what the
 # execution's last batch shows: they lose nothing under longer executions.
-_DISPLAY_ONLY = (keras.callbacks.ProgbarLogger, keras.callbacks.History)
+DISPLAY_ONLY = (keras.callbacks.ProgbarLogger, keras.callbacks.History)
 # Keras's callbacks that set `optimizer.learning_rate` as training goes.
 LEARNING_RATE_CALLBACKS = (keras.callbacks.ReduceLROnPlateau, keras.callbacks.LearningRateScheduler)
 
@@ -111,7 +111,7 @@ def _per_batch(callback) -> str | None:
         return f"{name}(save_freq={callback.save_freq})" if _counts_batches(callback.save_freq) else None
     if isinstance(callback, keras.callbacks.TensorBoard):
         return f"{name}(update_freq={callback.update_freq})" if _tensorboard_per_batch(callback) else None
-    if isinstance(callback, _DISPLAY_ONLY) and _keras_own(type(callback)):
+    if isinstance(callback, DISPLAY_ONLY) and _keras_own(type(callback)):
         return None
     overridden = _overridden_hooks(type(callback))
     return f"{name}({', '.join(overridden)})" if overridden else None

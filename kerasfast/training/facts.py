@@ -18,6 +18,7 @@ from kerasfast import _compat, costs, threads
 from kerasfast._checks import is_int
 from kerasfast.distribute import ray_train, resolve_strategy
 from kerasfast.distribute.consensus import chief_value
+from kerasfast.errors import PlanError
 from kerasfast.hardware import detect_hardware
 from kerasfast.onednn import onednn_state
 from kerasfast.plan import Findings, ModelFacts, RunFacts, check_overrides, resolve_threads
@@ -38,11 +39,10 @@ def start(run: Run) -> None:
                                     RunFacts(tf_runtime_started=False))
         threads.configure_threads(chosen["intra_op_threads"], chosen["inter_op_threads"])
     run.distribution = resolve_strategy(args.strategy, run.hardware)
-    backup_dir = args.backup_dir
-    if backup_dir is None and args.run_dir not in (None, False):
-        backup_dir = pathlib.Path(args.run_dir) / "backup"
+    backup_dir = _backup_dir(args)
     if backup_dir not in (None, False):
         run.backup = Backup(backup_dir, is_chief=run.is_chief)
+        run.backup.make_folder()
         if args.resume == "fresh":
             run.backup.clear()
         else:
@@ -57,6 +57,19 @@ def start(run: Run) -> None:
         learning_rate_callbacks=learning_rate_callbacks(args.callbacks),
         peak_flops=costs.PeakFlops(shared=_shared(run)), onednn=onednn_state(),
     )
+
+
+def _backup_dir(args):
+    """Where the training state is backed up: `backup_dir`, else `run_dir/backup`; None when a Keras
+    `BackupAndRestore` among the callbacks does it (two backups would both resume the run)."""
+    users = [type(c).__name__ for c in args.callbacks if isinstance(c, keras.callbacks.BackupAndRestore)]
+    if users and args.backup_dir not in (None, False):
+        raise PlanError(f"both backup_dir={str(args.backup_dir)!r} and the {users[0]} among the callbacks would "
+                        "resume this run, each from its own state: keep one (drop the callback, or pass "
+                        "backup_dir=False).")
+    if users or args.backup_dir is not None:
+        return args.backup_dir
+    return pathlib.Path(args.run_dir) / "backup" if args.run_dir not in (None, False) else None
 
 
 def _seed(run: Run) -> int:

@@ -92,8 +92,9 @@ def training_stream(run: Run):
     if train_data.source == "tfrecords" and run.distribution.name == "multi_worker":
         return sharded_tfrecord_stream(os.fspath(feed.x), run.strategy, global_batch_size=plan.global_batch_size,
                                        shuffle=feed.shuffle, seed=run.seed, on_error=feed.on_error)
+    passes = train_data.epoch_passes and plan.steps_per_epoch == train_data.facts.steps_per_epoch
     return stream_factory(train_data.dataset, repeat=bool(plan.steps_per_epoch),
-                          autotune=train_data.source != "arrays")
+                          autotune=train_data.source != "arrays", pass_length=plan.steps_per_epoch if passes else None)
 
 
 def description(run: Run) -> str:

@@ -192,8 +192,10 @@ def fit(
         run_dir: Folder for the run's files; None makes a new one under
             `kerasfast_runs/`, False writes nothing (chief worker only).
         backup_dir: Folder for the training-state backup (shared by all
-            workers); None: `run_dir/backup` when `run_dir` is given; False:
-            off. A re-run with a backup there resumes exactly where it stopped.
+            workers); None: `run_dir/backup` when `run_dir` is given (off
+            when a Keras `BackupAndRestore` among the callbacks resumes the
+            run); False: off. A re-run with a backup there resumes exactly
+            where it stopped.
         backup_every: Save the state every this many steps (and each epoch end).
         resume: What to do with a backup found in `backup_dir`: "auto"
             resumes it with the plan it recorded, refusing a run whose
@@ -426,19 +428,30 @@ def _check_fit_arguments(given: dict) -> None:
         check_available()
     if data_service is not None:
         service.parse_address(data_service)
-    if run_dir not in (None, False):
-        _check_run_dir(run_dir)
+    _check_folder("run_dir", run_dir, "None (a new folder under kerasfast_runs/) or False (no run folder)")
+    _check_folder("backup_dir", given["backup_dir"], "None (run_dir/backup) or False (no backup)")
+    backup_every = given["backup_every"]
+    if not is_int(backup_every) or backup_every < 1:
+        raise PlanError(f"backup_every={backup_every!r} is not valid: use an integer >= 1 (steps between saves of "
+                        "the training state), or backup_dir=False for no backup.")
 
 
-def _check_run_dir(run_dir) -> None:
-    """Refuses a run folder that cannot be one before anything trains: a file's path, or a path under a file."""
-    if not isinstance(run_dir, (str, os.PathLike)):
-        raise PlanError(f"run_dir={run_dir!r} is not valid: pass a folder path, None (a new folder under "
-                        "kerasfast_runs/) or False (no run folder).")
-    folder = pathlib.Path(run_dir).expanduser()
-    for path in (folder, *folder.parents):
-        if path.exists():
-            if not path.is_dir():
-                raise PlanError(f"run_dir={str(run_dir)!r} cannot be a folder: {path} is a file. Pass another "
-                                "run_dir=, or run_dir=False for no run folder.")
+def _check_folder(name: str, folder, otherwise: str) -> None:
+    """Refuses a folder argument that cannot be one before anything trains: not a path, a file's path, or a
+    path under a file (None and False, the argument's other values, pass)."""
+    if folder is None or folder is False:
+        return
+    if not isinstance(folder, (str, os.PathLike)):
+        raise PlanError(f"{name}={folder!r} is not valid: pass a folder path, {otherwise}.")
+    path = pathlib.Path(folder).expanduser()
+    for part in (path, *path.parents):
+        try:
+            exists, is_dir = part.exists(), part.is_dir()
+        except OSError as error:  # e.g. a name longer than the file system takes
+            raise PlanError(f"{name}={str(folder)!r} cannot be a folder: {error.strerror or error}. Pass another "
+                            f"{name}=, or {name}=False.") from error
+        if exists:
+            if not is_dir:
+                raise PlanError(f"{name}={str(folder)!r} cannot be a folder: {part} is a file. Pass another "
+                                f"{name}=, or {name}=False.")
             return

@@ -46,6 +46,10 @@ class PreparedData:
             False for a Python generator, whose batches are read once: a
             phase before training (tuning, the learning-rate range test)
             must not take any, or training would never see them.
+        epoch_passes: Whether each epoch must be a pass of its own (a
+            `PyDataset` of known length): callbacks may change the dataset
+            between epochs, so no batch of the next epoch is read before
+            they ran, as in `model.fit`.
     """
 
     dataset: object
@@ -57,6 +61,7 @@ class PreparedData:
     remake: object = None  # f(batch_size, **changes): the same data, batched anew
     pipeline: object = None  # kerasfast's TFRecord `PipelineSettings`, printed as a table of its own
     replayable: bool = True
+    epoch_passes: bool = False
 
     def rebatched(self, batch_size: int, **changes) -> "PreparedData":
         """The same data batched by `batch_size` (arrays and TFRecords, which kerasfast batches).
@@ -293,9 +298,10 @@ def _from_adapter(x, class_weight, shuffle, what: str) -> PreparedData:
     kind = type(x).__name__
     facts = DataFacts(batch_size=batch, steps_per_epoch=steps)
     sample_inputs = _unpack(first)[0]
+    indexed = getattr(adapter, "py_dataset", None) is not None  # a PyDataset, not a generator
     return PreparedData(dataset, facts, sample_inputs,
                         f"{kind}, {f'{steps} batches' if steps else 'unknown length'}, batch {batch}", first,
-                        replayable=getattr(adapter, "py_dataset", None) is not None)  # a PyDataset is indexed
+                        replayable=indexed, epoch_passes=indexed and steps is not None)
 
 
 def _tfrecords(pattern: str, reading: "_Reading") -> PreparedData:

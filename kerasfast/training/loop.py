@@ -49,14 +49,40 @@ class _ResumedProgbar(keras.callbacks.ProgbarLogger):
         super()._update_progbar(batch + self._first_step, logs)
 
 
-class _FromStep(keras.callbacks.Callback):
-    """A user's callback in an epoch resumed at `first_step`: its batch hooks
-    see the batch's index in the whole epoch and `params["steps"]` the
-    epoch's steps, as in the uninterrupted run; every other hook as it is."""
+_HOOKS = ("on_epoch_begin", "on_epoch_end", "on_train_batch_begin", "on_train_batch_end", "on_batch_begin",
+          "on_batch_end", "on_test_begin", "on_test_end", "on_test_batch_begin", "on_test_batch_end",
+          "on_predict_begin", "on_predict_end", "on_predict_batch_begin", "on_predict_batch_end")
+_TRAIN_BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
 
-    def __init__(self, callback, steps: int, first_step: int):
+
+class _InSession(keras.callbacks.Callback):
+    """A user's callback in one of the `fit` calls of a resumed run, to which
+    those calls are one training session, as an uninterrupted run is.
+
+    `on_train_begin` reaches it in the first call only and `on_train_end` in
+    the last (a second begin would reopen a CSVLogger's file or reset
+    EarlyStopping's patience). In an epoch resumed at `first_step` its batch
+    hooks see the batch's index in the whole epoch and `params["steps"]` the
+    epoch's steps. Only the hooks the callback implements are passed on, so
+    Keras dispatches the same hooks (and as asynchronously) as without it.
+    """
+
+    def __init__(self, callback, steps: int, first_step: int, *, begins: bool, ends: bool):
         super().__init__()
         self.callback, self._steps, self._first_step = callback, steps, first_step
+        for hook in _HOOKS:
+            if not getattr(getattr(callback, hook), "_is_default", False):  # Keras's mark of a hook left as is
+                setattr(self, hook, self._passed_on(hook))
+        if begins:
+            self.on_train_begin = callback.on_train_begin
+        if ends:
+            self.on_train_end = callback.on_train_end
+
+    def _passed_on(self, hook: str):
+        target = getattr(self.callback, hook)
+        if hook in _TRAIN_BATCH_HOOKS and self._first_step:
+            return lambda batch, logs=None: target(batch + self._first_step, logs)
+        return target
 
     def set_model(self, model):
         super().set_model(model)
@@ -65,45 +91,34 @@ class _FromStep(keras.callbacks.Callback):
     def set_params(self, params):
         self.callback.set_params({**params, "steps": self._steps})
 
-    def on_train_batch_begin(self, batch, logs=None):
-        self.callback.on_train_batch_begin(batch + self._first_step, logs)
 
-    def on_train_batch_end(self, batch, logs=None):
-        self.callback.on_train_batch_end(batch + self._first_step, logs)
+def _session_callbacks(callbacks: list, verbose, steps: int, first_step: int, *, first: bool, last: bool) -> list:
+    """`callbacks` for one `fit` call of a run made of several (a resumed one):
+    the user's see one training session (`_InSession`; kerasfast's own keep
+    each call's hooks), and an epoch resumed at `first_step` gets a progress
+    bar that counts on from there."""
+    from kerasfast.training.batch_callbacks import DISPLAY_ONLY
 
-    def on_batch_begin(self, batch, logs=None):
-        self.callback.on_batch_begin(batch + self._first_step, logs)
-
-    def on_batch_end(self, batch, logs=None):
-        self.callback.on_batch_end(batch + self._first_step, logs)
-
-
-# Its other hooks reach the callback unchanged.
-for _hook in ("on_epoch_begin", "on_epoch_end", "on_train_begin", "on_train_end", "on_test_begin", "on_test_end",
-              "on_test_batch_begin", "on_test_batch_end", "on_predict_begin", "on_predict_end",
-              "on_predict_batch_begin", "on_predict_batch_end"):
-    setattr(_FromStep, _hook, lambda self, *args, _hook=_hook, **kwargs: getattr(self.callback, _hook)(*args, **kwargs))
-
-
-def _resumed_epoch_callbacks(callbacks: list, verbose, steps: int, first_step: int) -> list:
-    """`callbacks` for an epoch resumed at `first_step`: the user's with batch
-    hooks count its steps from there (kerasfast's own count them already),
-    and a progress bar that does too."""
-    from kerasfast.training.batch_callbacks import per_batch_callbacks
-
-    resumed = [_FromStep(callback, steps, first_step)
-               if per_batch_callbacks([callback]) and not type(callback).__module__.startswith("kerasfast.")
+    if first and last and not first_step:
+        return callbacks
+    session = [_InSession(callback, steps, first_step, begins=first, ends=last)
+               if not isinstance(callback, DISPLAY_ONLY) and not type(callback).__module__.startswith("kerasfast.")
                else callback for callback in callbacks]
     has_progbar = any(isinstance(callback, keras.callbacks.ProgbarLogger) for callback in callbacks)
-    if verbose in (1, "auto") and not has_progbar:
-        resumed.append(_ResumedProgbar(steps, first_step))
-    return resumed
+    if first_step and verbose in (1, "auto") and not has_progbar:
+        session.append(_ResumedProgbar(steps, first_step))
+    return session
 
 
-def stream_factory(dataset, repeat: bool, autotune: bool = True):
+def stream_factory(dataset, repeat: bool, autotune: bool = True, pass_length: int | None = None):
     """`f(batches_done)` over one batched dataset: repeated when the epoch
     length is known (epochs are counted in steps), with the first
     `batches_done` batches skipped.
+
+    With `pass_length` (the dataset's batches, one epoch's steps), each epoch
+    reads a pass of its own instead of one repeated stream, so no batch of
+    the next epoch is read ahead of the callbacks that end this one (Keras
+    starts a fresh iterator per epoch over a dataset of known length).
 
     `autotune=False` turns tf.data's autotuning off for the stream. With it
     on, TF 2.21's iterator teardown at the end of Keras's `fit` waits for the
@@ -113,15 +128,18 @@ def stream_factory(dataset, repeat: bool, autotune: bool = True):
     nothing: an MLP fed at batch 64 ran at 414-483k samples/s with it off,
     392-426k with it on.
     """
-    if not autotune:
-        import tensorflow as tf
+    import tensorflow as tf
 
+    if not autotune:
         options = tf.data.Options()
         options.autotune.enabled = False
         dataset = dataset.with_options(options)
 
     def stream_from(done: int):
-        stream = dataset.repeat() if repeat else dataset
+        if pass_length:
+            stream, done = dataset.apply(tf.data.experimental.assert_cardinality(pass_length)), done % pass_length
+        else:
+            stream = dataset.repeat() if repeat else dataset
         return stream.skip(done) if done else stream
 
     return stream_from
@@ -175,7 +193,7 @@ def _merge(histories, earlier: dict, first_epoch: int) -> keras.callbacks.Histor
 
 def run_epochs(model, stream_from, *, plan, epochs: int, callbacks: list, verbose, validation: dict | None = None,
                initial_epoch: int = 0, backup: Backup | None = None, backup_every: int = 0,
-               progress: Progress | None = None, metric_values=None, seed: int = 0, shuffle=None,
+               progress: Progress | None = None, metric_values=None, seed: int = 0, recorded: dict | None = None,
                guard: keras.callbacks.Callback | None = None) -> keras.callbacks.History:
     """Trains `model` (compiled, built) for the plan's epochs, saving backups and resuming.
 
@@ -198,8 +216,8 @@ def run_epochs(model, stream_from, *, plan, epochs: int, callbacks: list, verbos
         metric_values: `(variable, value)` pairs restoring the metrics of a
             partly finished epoch.
         seed: The data seed to record in backups.
-        shuffle: The run's `shuffle` argument, recorded in backups beside the seed: together they fix the
-            data order a resume must replay.
+        recorded: The run's arguments a backup records beside the seed for a resume to check (see
+            `planning.recorded_arguments`).
         guard: A callback that must see each execution before the backup is
             written, and each epoch's logs before the other callbacks and the
             History (the `DivergenceGuard`, which may correct them), or None.
@@ -217,22 +235,25 @@ def run_epochs(model, stream_from, *, plan, epochs: int, callbacks: list, verbos
         phases.append((epoch, epochs, steps, 0))
     histories = []
     earlier = dict(progress.history) if progress else {}
-    for first_epoch, last_epoch, phase_steps, first_step in phases:
+    for index, (first_epoch, last_epoch, phase_steps, first_step) in enumerate(phases):
         done = first_epoch * steps + first_step if steps else 0
-        extra = [guard] if guard is not None else []
+        before, after = [guard] if guard is not None else [], []
         if backup is not None:
             done_logs = _merge(histories, earlier, first_epoch).history if histories else earlier
-            extra.append(BackupCallback(backup, plan, seed, backup_every, first_epoch, first_step, done_logs,
-                                        shuffle=shuffle))
+            saving = BackupCallback(backup, plan, seed, backup_every, first_epoch, first_step, done_logs,
+                                    recorded=recorded)
+            before.append(saving)
+            after.append(saving.after_callbacks())
         if first_step and metric_values is not None:
-            extra.append(_RestoreMetrics(metric_values))
-        phase_callbacks = _resumed_epoch_callbacks(callbacks, verbose, steps, first_step) if first_step else callbacks
+            before.append(_RestoreMetrics(metric_values))
+        phase_callbacks = _session_callbacks(callbacks, verbose, steps, first_step, first=index == 0,
+                                             last=index == len(phases) - 1)
         histories.append(model.fit(
             stream_from(done),
             initial_epoch=first_epoch,
             epochs=last_epoch,
             steps_per_epoch=phase_steps,
-            callbacks=extra + phase_callbacks,
+            callbacks=before + phase_callbacks + after,
             verbose=verbose,
             shuffle=False,  # the dataset shuffles itself; Keras would only warn
             **(validation or {}),

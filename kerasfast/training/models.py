@@ -270,18 +270,14 @@ def prepare_model(model_or_builder, sample_inputs, *, strategy=None, own_steps: 
 
     if isinstance(model_or_builder, keras.Model):
         model = model_or_builder
-        if strategy is None or model.distribute_strategy is strategy:
+        created_under = _compat.creation_strategy(model)
+        if created_under is strategy or (created_under is None and model.distribute_strategy is strategy):
             if not own_steps:
                 with scope_of(strategy):
                     _ensure_built(model, sample_inputs)
             return PreparedModel(model, model, False, "your model object, trained in place")
         if not _is_graph_model(model) or own_steps:
-            raise ModelError(
-                f"model {model.name!r} ({type(model).__name__}) was created outside the "
-                f"{type(strategy).__name__}'s scope, so its variables cannot be shared by the replicas, and a "
-                "subclassed model cannot be rebuilt safely. Pass a function that builds (and compiles) it: "
-                "kerasfast.fit(lambda: make_model(), ...) is called in the strategy's scope."
-            )
+            raise ModelError(_unshareable(model, strategy, created_under))
         _ensure_built(model, sample_inputs)
         with scope_of(strategy):
             clone = clone_under(model, "float32")
@@ -302,6 +298,18 @@ def prepare_model(model_or_builder, sample_inputs, *, strategy=None, own_steps: 
     raise ModelError(
         f"model must be a keras.Model or a zero-argument function that builds one, not {type(model_or_builder).__name__}."
     )
+
+
+def _unshareable(model, strategy, created_under) -> str:
+    """Why a subclassed `model` cannot train under `strategy` (None: no strategy), and the fix."""
+    where = f"model {model.name!r} ({type(model).__name__}) was created "
+    if strategy is None:
+        return (where + f"in a {type(created_under).__name__}'s scope, so its variables are the strategy's, but "
+                "it trains with no strategy (strategy='none'), and a subclassed model cannot be rebuilt safely. "
+                "Create it outside any strategy's scope, or train it with that strategy (strategy=its object).")
+    return (where + f"outside the {type(strategy).__name__}'s scope, so its variables cannot be shared by the "
+            "replicas, and a subclassed model cannot be rebuilt safely. Pass a function that builds (and compiles) "
+            "it: kerasfast.fit(lambda: make_model(), ...) is called in the strategy's scope.")
 
 
 def _overrides_train_step(model) -> bool:

@@ -5,6 +5,7 @@ backup's choices, the same plan on every worker)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import keras
 
@@ -109,7 +110,7 @@ def _check_resumable(run: Run, plan: Plan) -> None:
     changed = [name for name in COMPUTATION_FIELDS if name in recorded and recorded[name] != getattr(plan, name)]
     differences = _epochs_difference(run, plan, changed)
     differences += [f"{name} {getattr(plan, name)!r} (the backup's run: {recorded[name]!r})" for name in changed]
-    differences += _data_order_differences(run)
+    differences += _argument_differences(run)
     if not differences:
         return
     message = (f"this run would resume the backup in {run.backup.directory}, but its arguments change what "
@@ -133,14 +134,37 @@ def _epochs_difference(run: Run, plan: Plan, changed: list[str]) -> list[str]:
     return [f"epochs {run.args.epochs} (the backup's run: {recorded_epochs}), which sets the schedule's length"]
 
 
-def _data_order_differences(run: Run) -> list[str]:
-    """What of the data order a resume replays (its seed and `shuffle`) this run's arguments change."""
+def recorded_arguments(run: Run) -> dict:
+    """What of the run's arguments a backup records beside the seed, for a resume to check: the data
+    order (`shuffle`), the loss and the class weights (JSON values)."""
+    class_weight = run.feed.class_weight
+    return {"shuffle": run.feed.shuffle, "loss": _loss_description(run.train_model.loss),
+            "class_weight": None if class_weight is None else
+            {str(label): float(weight) for label, weight in sorted(class_weight.items())}}
+
+
+def _loss_description(loss) -> str:
+    """The loss as text that changes when what it computes does (a class and its settings, a function's name)."""
+    if isinstance(loss, dict):
+        return "{" + ", ".join(f"{name}: {_loss_description(part)}" for name, part in sorted(loss.items())) + "}"
+    if isinstance(loss, (list, tuple)):
+        return "[" + ", ".join(_loss_description(part) for part in loss) + "]"
+    if isinstance(loss, keras.losses.Loss):
+        settings = {key: value for key, value in loss.get_config().items() if key not in ("name", "dtype")}
+        return f"{type(loss).__name__}({json.dumps(settings, sort_keys=True, default=str)})"
+    return getattr(loss, "__name__", None) or str(loss)
+
+
+def _argument_differences(run: Run) -> list[str]:
+    """The recorded arguments (its seed, `recorded_arguments`) this run changes; a backup that did not
+    record one is not checked for it."""
     progress, differences = run.progress, []
     if run.args.seed is not None and run.args.seed != progress.seed:
         differences.append(f"seed {run.args.seed!r} (the backup's run: {progress.seed!r})")
-    recorded_shuffle = progress.signature.get("shuffle", run.feed.shuffle)  # backups before it was recorded: unknown
-    if recorded_shuffle != run.feed.shuffle:
-        differences.append(f"shuffle {run.feed.shuffle!r} (the backup's run: {recorded_shuffle!r})")
+    for name, value in recorded_arguments(run).items():
+        recorded = progress.signature.get(name, value)
+        if recorded != value:
+            differences.append(f"{name} {value!r} (the backup's run: {recorded!r})")
     return differences
 
 

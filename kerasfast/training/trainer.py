@@ -81,7 +81,7 @@ def train(run: Run, rate_control) -> None:
                 initial_epoch=run.args.initial_epoch, callbacks=_callbacks(run) + [run.meter],
                 verbose=run.args.verbose if run.is_chief else 0, validation=run.validation, backup=run.backup,
                 backup_every=run.args.backup_every, progress=run.progress, metric_values=metric_values,
-                seed=run.seed, shuffle=run.feed.shuffle, guard=run.guard,
+                seed=run.seed, recorded=planning.recorded_arguments(run), guard=run.guard,
             )
 
 
