@@ -23,6 +23,8 @@ import functools
 
 import keras
 
+from kerasfast._quiet import filtered_stderr
+
 TESTED_KERAS = ("3.15",)
 TESTED_TENSORFLOW = ("2.21",)
 
@@ -487,7 +489,8 @@ def profile_float_operations(graph):
     verbosity = tf.get_logger().level
     tf.get_logger().setLevel("ERROR")
     try:
-        profile = model_analyzer.profile(graph, options=options)
+        with filtered_stderr():  # its notice for ops of unknown shape is printed, whatever the options
+            profile = model_analyzer.profile(graph, options=options)
     finally:
         tf.get_logger().setLevel(verbosity)
     return profile

@@ -62,10 +62,18 @@ _CHATTER_PLAIN = (
     "fully_quantize: ",
     "INFO: Created TensorFlow Lite XNNPACK delegate for CPU.",
 )
+# printf'd by TensorFlow's (v1) profiler for a graph with unknown shapes, which
+# kerasfast's FLOP count (a cost estimate, not the user's to act on) meets.
+_CHATTER_LINES = re.compile(r"\d+ ops no flops stats due to incomplete shapes\.")
 # Python-side `tensorflow` logger notices that are not the user's to act on:
 # kerasfast's own eager calls under a multi-worker strategy (the training
 # steps themselves run in a tf.function) log this once per call site.
 _PYTHON_CHATTER = ("eagerly has significant overhead currently",)
+# tf.function's retracing warning counts the steps of every `fit` call as one
+# function's traces (they share their code), so a process that calls `fit`
+# more than four times is warned although each call traced its steps once.
+_OWN_RETRACING = re.compile(r"calls to <function StepFunctions\.[\w.<>]+ at 0x[0-9a-f]+> triggered tf\.function "
+                            r"retracing")
 
 
 def verbose_requested() -> bool:
@@ -83,7 +91,7 @@ def _is_chatter(line: str) -> bool:
         return severity in "IW" or (severity == "E" and bool(_CHATTER_ERRORS.search(message)))
     if line.startswith("WARNING:tensorflow:"):  # the Python logger's format, e.g. from a launched worker
         return any(text in line for text in _PYTHON_CHATTER)
-    return line.startswith(_CHATTER_PLAIN)
+    return line.startswith(_CHATTER_PLAIN) or bool(_CHATTER_LINES.fullmatch(line))
 
 
 def filter_chatter(text: str) -> str:
@@ -196,7 +204,8 @@ def _quiet_absl() -> None:
 
 class _DropTensorFlowNotices(logging.Filter):
     def filter(self, record):
-        return not any(text in record.getMessage() for text in _PYTHON_CHATTER)
+        message = record.getMessage()
+        return not any(text in message for text in _PYTHON_CHATTER) and not _OWN_RETRACING.search(message)
 
 
 def quiet_tensorflow() -> None:

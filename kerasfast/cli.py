@@ -80,18 +80,29 @@ def info(as_json):
 @click.option("--batch-size", default=64, show_default=True, help="Global batch size.")
 @click.option("--precision", default="auto", show_default=True,
               type=click.Choice(["auto", *PRECISIONS]))
-def quickstart(out_dir, epochs, batch_size, precision):
-    """Train a small convnet on scikit-learn's digits with the auto plan."""
+@click.option("--resume", default="auto", show_default=True, type=click.Choice(["auto", "fresh", "force"]),
+              help="With a backup of an interrupted run in --out: auto resumes it when the options that change "
+                   "training are the same (refusing otherwise), fresh discards it and starts again, force "
+                   "resumes it anyway.")
+def quickstart(out_dir, epochs, batch_size, precision, resume):
+    """Train a small convnet on scikit-learn's digits with the auto plan.
+
+    Ctrl-C stops it with exit status 130; running the same command again
+    resumes from the backup in --out (--resume fresh starts afresh).
+    """
     from kerasfast.errors import KerasfastError
     from kerasfast.quickstart import run_quickstart
+    from kerasfast.recipes import interrupted
     from kerasfast.threads import configure_threads
 
     configure_threads()  # before TensorFlow starts, so the plan's thread counts apply
     try:
         metrics = run_quickstart(out_dir, epochs=epochs, batch_size=batch_size, precision=precision,
-                                 verbose=2)
+                                 resume=resume, verbose=2)
     except KerasfastError as error:
         raise click.ClickException(str(error)) from error
+    except KeyboardInterrupt:
+        raise interrupted(out_dir) from None
     click.echo("")
     click.echo(metrics["export_table"])
     click.echo(quickstart_summary(metrics, out_dir))

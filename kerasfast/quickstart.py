@@ -17,6 +17,7 @@ import keras
 
 from kerasfast import datasets
 from kerasfast.export import export_model
+from kerasfast.recipes import next_phase_options
 from kerasfast.reporting import report_or_warning
 from kerasfast.runs import write_json
 from kerasfast.training import fit
@@ -80,6 +81,7 @@ def run_quickstart(out_dir: str | pathlib.Path = "kerasfast_quickstart", *, epoc
     (x_train, y_train), (x_test, y_test) = datasets.digits()
     common = dict(batch_size=batch_size, loss="sparse_categorical_crossentropy", metrics=["accuracy"],
                   validation_data=(x_test, y_test), verbose=verbose, seed=0, **fit_options)
+    then = next_phase_options(common, out_dir / "train")  # what the pruning resumes depends on training's
     trained = fit(digits_convnet, (x_train, y_train), epochs=epochs, learning_rate=3e-3,
                   run_dir=out_dir / "train", **common)
     model = trained.model
@@ -87,7 +89,7 @@ def run_quickstart(out_dir: str | pathlib.Path = "kerasfast_quickstart", *, epoc
     # The fine-tune's learning rate is kerasfast's pruning policy: the
     # training peak again, warm-up then cosine decay (the plan prints it).
     pruned = fit(model, (x_train, y_train), epochs=prune_epochs, prune=sparsity,
-                 run_dir=out_dir / "prune", **common)
+                 run_dir=out_dir / "prune", **then)
     test_loss, test_accuracy = model.evaluate(x_test, y_test, verbose=0)
     exported = export_model(model, out_dir / "export", formats=EXPORT_FORMATS,
                             representative_data=x_train[:300], eval_data=(x_test, y_test))

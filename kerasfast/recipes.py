@@ -24,12 +24,16 @@ import argparse
 import ast
 import atexit
 import importlib.util
+import json
+import math
 import os
+import re
 import pathlib
 import shutil
 import sys
 import tempfile
 import textwrap
+import zipfile
 
 import click
 
@@ -37,11 +41,17 @@ from kerasfast.plan import PRECISIONS
 from kerasfast.runs import write_json
 
 RECIPES = ("image_classification", "gpt", "text_classification", "tabular")
+# How a recipe's layers name their module in a saved model's config: the
+# name `_load_script` imports the recipe under.
+_RECIPE_MODULE = re.compile(r"kerasfast_recipe_(\w+)")
 
 # "kerasfast recipe NAME" while `recipe_command` runs a recipe, so that the
 # recipe's usage line names it (argparse would take the program's name,
 # "kerasfast"); None when the recipe runs as a script.
 _command_line = None
+# The run folder (--out) of the recipe parsed last: where `recipe_command`
+# looks for a backup when the run is interrupted.
+_run_folder = None
 
 
 class _RecipeParser(argparse.ArgumentParser):
@@ -55,6 +65,8 @@ class _RecipeParser(argparse.ArgumentParser):
         parsed, extras = super().parse_known_args(args, namespace)
         parsed.recipe_argv = [str(arg) for arg in (sys.argv[1:] if args is None else args)]
         parsed.recipe_script = self.script
+        global _run_folder
+        _run_folder = getattr(parsed, "out", None)
         return parsed, extras
 
 
@@ -70,6 +82,28 @@ def _whole_number(least: int):
         return value
 
     return whole_number
+
+
+def _real_number(*, above_zero: bool):
+    """An argparse type: a finite float > 0 (`above_zero`) or >= 0, refused while parsing."""
+    def real_number(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value) or value < 0 or (above_zero and value == 0):
+            raise argparse.ArgumentTypeError(f"{text} is not a finite number {'above' if above_zero else 'of at least'} 0")
+        return value
+
+    return real_number
+
+
+# argparse types for the recipes' numeric flags: a value out of range is
+# refused with the flag's name before the recipe writes any data.
+positive_int = _whole_number(1)
+non_negative_int = _whole_number(0)
+positive_float = _real_number(above_zero=True)
+non_negative_float = _real_number(above_zero=False)
 
 
 def _sparsity(text: str) -> float:
@@ -90,14 +124,19 @@ def parser(description: str, *, epochs: int, batch_size: int, out: str | None = 
     (target sparsity, 0 = off), --export (write the pruned int8 TFLite and
     report), --out RUN_DIR, --smoke (tiny sizes, under a minute on 2 cores),
     --data (the user's own data; each recipe says what it takes),
-    --data-service grpc://HOST:PORT (fit's `data_service=`), --ray-workers N
-    (the whole recipe on N Ray Train workers; see `start`).
+    --data-service grpc://HOST:PORT (fit's `data_service=`), --resume
+    auto|fresh|force (fit's `resume=`: what to do with an interrupted run's
+    backup in --out), --ray-workers N (the whole recipe on N Ray Train
+    workers; see `start`).
+
+    A recipe's own numeric flags take `positive_int`, `non_negative_int`,
+    `positive_float` or `non_negative_float` as their `type`.
     """
     parser = _RecipeParser(prog=_command_line, description=description)
     # The recipe calling this: Ray Train workers run the same script.
     parser.script = sys._getframe(1).f_globals.get("__file__")
-    parser.add_argument("--epochs", type=_whole_number(1), default=epochs)
-    parser.add_argument("--batch-size", type=_whole_number(1), default=batch_size)
+    parser.add_argument("--epochs", type=positive_int, default=epochs)
+    parser.add_argument("--batch-size", type=positive_int, default=batch_size)
     parser.add_argument("--precision", default="auto",
                         choices=["auto", *PRECISIONS])
     parser.add_argument("--strategy", default="auto", choices=["auto", "none", "mirrored", "multi_worker"])
@@ -111,6 +150,10 @@ def parser(description: str, *, epochs: int, batch_size: int, out: str | None = 
     parser.add_argument("--data", default=None, help="your own data instead of the built-in default")
     parser.add_argument("--data-service", default=None, metavar="grpc://HOST:PORT",
                         help="run the training input pipeline on a tf.data service (kerasfast data-service)")
+    parser.add_argument("--resume", default="auto", choices=["auto", "fresh", "force"],
+                        help="with a backup of an interrupted run in --out: auto resumes it when the flags that "
+                             "change training are the same (refusing otherwise), fresh discards it and starts "
+                             "again, force resumes it anyway")
     parser.add_argument("--ray-workers", type=int, default=0, metavar="N",
                         help="run the recipe on N Ray Train workers: a local Ray cluster, or the one RAY_ADDRESS "
                              "names; --out must then be a folder every node sees (pip install 'kerasfast[ray]')")
@@ -240,10 +283,26 @@ def fit_options(args) -> dict:
     """The `kerasfast.fit` overrides the common flags ask for."""
     jit = {"auto": "auto", "on": True, "off": False}[args.jit]
     options = {"precision": args.precision, "strategy": args.strategy, "jit_compile": jit,
-               "batch_size": args.batch_size}
+               "batch_size": args.batch_size, "resume": getattr(args, "resume", "auto")}
     if args.data_service:
         options["data_service"] = args.data_service
     return options
+
+
+def next_phase_options(options: dict, first_run_dir) -> dict:
+    """`options` for a phase that goes on from the model the first phase
+    trains in `first_run_dir` (pruning after training), to be called before
+    the first phase runs.
+
+    A backup of the next phase is resumed only when the first phase resumes
+    its own too (`resume="fresh"` otherwise): one that finished, or never
+    saved, trains its model again, and a backup made from the model of
+    another run must not be put over it.
+    """
+    from kerasfast.training.backup import STATE_FILE
+
+    first_resumes = (pathlib.Path(first_run_dir) / "backup" / STATE_FILE).is_file()
+    return options if first_resumes else {**options, "resume": "fresh"}
 
 
 def plot_history(history: dict, path: pathlib.Path, title: str) -> pathlib.Path:
@@ -323,6 +382,8 @@ def finish(out, result, metrics: dict, *, unit: str = "samples/s", rate_scale: f
     plot_history(result.history.history, out / "curves.png", title=out.name)
     if rate:
         plot_throughput({"train": rate * rate_scale, **(rates or {})}, out / "throughput.png", unit)
+    else:  # one left by an earlier run into this folder would pass for this run's
+        (out / "throughput.png").unlink(missing_ok=True)
     from kerasfast.reporting import report_or_warning
 
     report = report_or_warning(out)  # a report that fails only warns: the run's figures stand
@@ -380,6 +441,57 @@ def load_recipe(name: str):
             or its script has no `main(argv)`.
     """
     return _load_script(recipe_path(name))
+
+
+def _modules_named(config):
+    """Every `"module"` a Keras config (nested dicts and lists) names."""
+    if isinstance(config, dict):
+        if isinstance(config.get("module"), str):
+            yield config["module"]
+        for value in config.values():
+            yield from _modules_named(value)
+    elif isinstance(config, list):
+        for value in config:
+            yield from _modules_named(value)
+
+
+def recipes_used_by(path) -> list[str]:
+    """The recipes whose own layers the `.keras` file at `path` holds (its config names `kerasfast_recipe_NAME`).
+
+    A file that is not a readable `.keras` archive holds none: Keras's own
+    loading then says what is wrong with it.
+    """
+    try:
+        with zipfile.ZipFile(path) as archive:
+            config = json.loads(archive.read("config.json"))
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return []
+    found = {match.group(1) for module in _modules_named(config) if (match := _RECIPE_MODULE.fullmatch(module))}
+    return sorted(found)
+
+
+def import_recipe_layers(path) -> list[str]:
+    """Imports the recipes whose layers the `.keras` file at `path` uses, so that Keras can load it.
+
+    A recipe's custom layers (the GPT's `PositionEmbedding`, the text
+    encoder's `TokenAndPositionEmbedding`, ...) are registered with Keras
+    when its script is imported; a model a recipe saved loads only after
+    that. Call it before `keras.saving.load_model(path)`; kerasfast's own
+    loading (`kerasfast export`) does.
+
+    Returns:
+        The names of the recipes imported (those already imported count).
+
+    Example:
+
+    >>> import_recipe_layers("not-a-model.keras")
+    []
+    """
+    names = [name for name in recipes_used_by(path) if name in available_recipes()]
+    for name in names:
+        if f"kerasfast_recipe_{name}" not in sys.modules:
+            sys.modules[f"kerasfast_recipe_{name}"] = load_recipe(name)
+    return names
 
 
 def _load_script(path: pathlib.Path):
@@ -552,5 +664,28 @@ def recipe_command(name, flags):
         module.main(list(flags))
     except KerasfastError as error:
         raise click.ClickException(str(error)) from error
+    except KeyboardInterrupt:
+        raise interrupted(_run_folder) from None
     finally:
         _command_line = None
+
+
+def interrupted(out) -> click.exceptions.Exit:
+    """Says on stderr that Ctrl-C stopped the run writing `out`, and how to go on from there.
+
+    Returns:
+        The exit to raise: status 130, what a shell reports for a command
+        SIGINT stopped.
+    """
+    from kerasfast.training.backup import STATE_FILE
+
+    folder = pathlib.Path(out) if out is not None else None
+    if folder is None:
+        message = "Interrupted."
+    elif [*folder.glob(f"backup/{STATE_FILE}"), *folder.glob(f"*/backup/{STATE_FILE}")]:
+        message = (f"Interrupted: {folder} holds a backup of the run. Run the same command again to resume "
+                   "from it, or add --resume fresh to start afresh.")
+    else:
+        message = f"Interrupted before a backup was saved in {folder}: running the command again starts afresh."
+    click.echo(message, err=True)
+    return click.exceptions.Exit(130)

@@ -279,20 +279,20 @@ def generate(model, prompt: str, length: int, *, temperature: float = 0.8, seed:
 def _parser():
     parser = recipes.parser("Train a byte-level GPT on the Python standard library (or --data GLOB of text files).",
                             epochs=1, batch_size=32, out="kerasfast_runs/gpt")
-    parser.add_argument("--seq-len", type=int, help=f"bytes per sequence (default {DEFAULTS['seq_len']}, smoke "
+    parser.add_argument("--seq-len", type=recipes.positive_int, help=f"bytes per sequence (default {DEFAULTS['seq_len']}, smoke "
                                                     f"{SMOKE['seq_len']})")
-    parser.add_argument("--layers", type=int, help=f"transformer blocks (default {DEFAULTS['layers']})")
-    parser.add_argument("--d-model", type=int, help=f"width (default {DEFAULTS['d_model']})")
-    parser.add_argument("--heads", type=int, help=f"attention heads (default {DEFAULTS['heads']})")
-    parser.add_argument("--corpus-mb", type=float, help=f"use at most this many MB of text, 0 = all "
+    parser.add_argument("--layers", type=recipes.positive_int, help=f"transformer blocks (default {DEFAULTS['layers']})")
+    parser.add_argument("--d-model", type=recipes.positive_int, help=f"width (default {DEFAULTS['d_model']})")
+    parser.add_argument("--heads", type=recipes.positive_int, help=f"attention heads (default {DEFAULTS['heads']})")
+    parser.add_argument("--corpus-mb", type=recipes.non_negative_float, help=f"use at most this many MB of text, 0 = all "
                                                         f"(default {DEFAULTS['corpus_mb']}, smoke {SMOKE['corpus_mb']})")
-    parser.add_argument("--learning-rate", type=float, help="peak learning rate (default: kerasfast's, 1e-3)")
-    parser.add_argument("--clipnorm", type=float, default=1.0, help="global gradient-norm clip (0 = off)")
-    parser.add_argument("--grad-accum", type=int, default=1, help="steps whose gradients make one update")
+    parser.add_argument("--learning-rate", type=recipes.positive_float, help="peak learning rate (default: kerasfast's, 1e-3)")
+    parser.add_argument("--clipnorm", type=recipes.non_negative_float, default=1.0, help="global gradient-norm clip (0 = off)")
+    parser.add_argument("--grad-accum", type=recipes.positive_int, default=1, help="steps whose gradients make one update")
     parser.add_argument("--remat", action="store_true", help="recompute activations in the backward pass")
     parser.add_argument("--prompt", default="def ", help="start of the generated sample")
-    parser.add_argument("--sample-bytes", type=int, help="length of the generated sample")
-    parser.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (0 = greedy)")
+    parser.add_argument("--sample-bytes", type=recipes.positive_int, help="length of the generated sample")
+    parser.add_argument("--temperature", type=recipes.non_negative_float, default=0.8, help="sampling temperature (0 = greedy)")
     return parser
 
 
@@ -334,6 +334,7 @@ def main(argv=None) -> dict:
     common = dict(validation_data=val.out_dir, clipnorm=args.clipnorm or None,
                   grad_accum_steps=args.grad_accum, remat=True if args.remat else None, verbose=2,
                   **compile_options, **recipes.fit_options(args))
+    then = recipes.next_phase_options(common, out / "train")  # what the pruning resumes depends on training's
     result = kerasfast.fit(lambda: build_gpt(VOCAB_SIZE, seq_len, layers, d_model, heads), train.out_dir,
                            epochs=args.epochs, learning_rate=args.learning_rate, run_dir=out / "train", **common)
     model = result.model
@@ -350,7 +351,7 @@ def main(argv=None) -> dict:
     if args.prune:
         dense = dict(metrics)
         kerasfast.fit(model, train.out_dir, epochs=1, learning_rate=(args.learning_rate or 1e-3) / 3,
-                      prune=args.prune, run_dir=out / "prune", **common)
+                      prune=args.prune, run_dir=out / "prune", **then)
         metrics.update(evaluate(), sparsity=args.prune, **{f"dense_{k}": v for k, v in dense.items()})
     if not cluster.is_chief:
         return metrics  # the chief measures, samples, exports and writes the run folder

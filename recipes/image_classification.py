@@ -182,10 +182,10 @@ def main(argv=None) -> dict:
     parser = recipes.parser("Image classification: small ResNet (or keras.applications) -> pruned int8 TFLite.",
                             epochs=15, batch_size=64, out="kerasfast_runs/image_classification")
     parser.add_argument("--model", default="resnet", choices=MODELS, help="the convnet family")
-    parser.add_argument("--image-size", type=int, default=None,
+    parser.add_argument("--image-size", type=recipes.positive_int, default=None,
                         help="side the images are resized to (default: 32 for keras.applications models and "
                              "for --data, digits stay 8x8 for the small ResNet)")
-    parser.add_argument("--learning-rate", type=float, default=3e-3, help="peak learning rate")
+    parser.add_argument("--learning-rate", type=recipes.positive_float, default=3e-3, help="peak learning rate")
     args = parser.parse_args(argv)
     if args.smoke and args.epochs == parser.get_default("epochs"):
         args.epochs = SMOKE_EPOCHS
@@ -209,6 +209,7 @@ def main(argv=None) -> dict:
     compiled = dict(loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     common = dict(validation_data=(x_test, y_test), seed=0, verbose=2,
                   **compiled, **recipes.fit_options(args))
+    then = recipes.next_phase_options(common, out / "train")  # what the pruning resumes depends on training's
     trained = kerasfast.fit(build_model, train, epochs=args.epochs, learning_rate=args.learning_rate,
                             run_dir=out / "train", **common)
     model = trained.model
@@ -220,7 +221,7 @@ def main(argv=None) -> dict:
     if args.prune:
         # Fine-tune while pruning: the weights adapt to the growing mask.
         kerasfast.fit(model, train, epochs=max(1, args.epochs // 2), learning_rate=args.learning_rate / 3,
-                      prune=args.prune, run_dir=out / "prune", **common)
+                      prune=args.prune, run_dir=out / "prune", **then)
         scores = recipes.evaluate(model, x_test, y_test, **compiled)
         metrics.update(dense_test_accuracy=metrics["test_accuracy"], test_accuracy=scores["accuracy"],
                        test_loss=scores["loss"], sparsity=args.prune)

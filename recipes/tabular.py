@@ -143,7 +143,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--dataset", default=None, choices=sorted(BUNDLED),
                         help="bundled table (default: breast_cancer, or diabetes with --task regression)")
     parser.add_argument("--label", default="label", help="label column of --data")
-    parser.add_argument("--learning-rate", type=float, default=3e-3, help="peak learning rate")
+    parser.add_argument("--learning-rate", type=recipes.positive_float, default=3e-3, help="peak learning rate")
     args = parser.parse_args(argv)
     if args.smoke and args.epochs == parser.get_default("epochs"):
         args.epochs = 15
@@ -170,6 +170,7 @@ def main(argv=None) -> dict:
         compile_options = dict(loss="mse", metrics=["mae"])
     common = dict(validation_data=(x_test, y_test), seed=0, verbose=2,
                   **compile_options, **recipes.fit_options(args))
+    then = recipes.next_phase_options(common, out / "train")  # what the pruning resumes depends on training's
     trained = kerasfast.fit(lambda: build_mlp(x_train, y_train, len(classes) if classes else None),
                             str(train_folder), epochs=args.epochs, learning_rate=args.learning_rate,
                             run_dir=out / "train", **common)
@@ -195,7 +196,7 @@ def main(argv=None) -> dict:
         dense = dict(metrics)
         # Fine-tune while pruning: the weights adapt to the growing mask.
         kerasfast.fit(model, str(train_folder), epochs=max(1, args.epochs // 3), learning_rate=args.learning_rate / 3,
-                      prune=args.prune, run_dir=out / "prune", **common)
+                      prune=args.prune, run_dir=out / "prune", **then)
         metrics.update(evaluate(), sparsity=args.prune)
         metrics.update({f"dense_{k}": v for k, v in dense.items() if k.startswith("test_")})
 

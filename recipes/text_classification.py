@@ -215,12 +215,12 @@ def main(argv=None) -> dict:
     """Runs the recipe; returns the metrics written to `metrics.json`."""
     parser = recipes.parser("Text classification: a small BERT-style encoder on byte tokens -> int8 TFLite.",
                             epochs=10, batch_size=64, out="kerasfast_runs/text_classification")
-    parser.add_argument("--sequence-length", type=int, default=None, help="tokens (bytes) per text (default 128)")
-    parser.add_argument("--per-class", type=int, default=None,
+    parser.add_argument("--sequence-length", type=recipes.positive_int, default=None, help="tokens (bytes) per text (default 128)")
+    parser.add_argument("--per-class", type=recipes.positive_int, default=None,
                         help="training chunks per package for the built-in task (default 600)")
     parser.add_argument("--text-column", default="text", help="text column of --data")
     parser.add_argument("--label", default="label", help="label column of --data")
-    parser.add_argument("--learning-rate", type=float, default=2e-3, help="peak learning rate")
+    parser.add_argument("--learning-rate", type=recipes.positive_float, default=2e-3, help="peak learning rate")
     args = parser.parse_args(argv)
     if args.smoke and args.epochs == parser.get_default("epochs"):
         args.epochs = 6
@@ -248,6 +248,7 @@ def main(argv=None) -> dict:
     compiled = dict(loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     common = dict(validation_data=(x_test, y_test), seed=0, verbose=2,
                   **compiled, **recipes.fit_options(args))
+    then = recipes.next_phase_options(common, out / "train")  # what the pruning resumes depends on training's
     trained = kerasfast.fit(build_model, str(train_folder), epochs=args.epochs, learning_rate=args.learning_rate,
                             run_dir=out / "train", **common)
     model = trained.model
@@ -261,7 +262,7 @@ def main(argv=None) -> dict:
     if args.prune:
         # Fine-tune while pruning: the weights adapt to the growing mask.
         kerasfast.fit(model, str(train_folder), epochs=max(1, args.epochs // 2),
-                      learning_rate=args.learning_rate / 3, prune=args.prune, run_dir=out / "prune", **common)
+                      learning_rate=args.learning_rate / 3, prune=args.prune, run_dir=out / "prune", **then)
         scores = recipes.evaluate(model, x_test, y_test, **compiled)
         metrics.update(dense_test_accuracy=metrics["test_accuracy"], test_accuracy=scores["accuracy"],
                        test_loss=scores["loss"], sparsity=args.prune)

@@ -77,3 +77,43 @@ def test_filter_keeps_everything_but_the_chatter():
         "E0000 00:00:1796145204.948045   21032 cuda_dnn.cc:9] Loaded runtime CuDNN library: 8.1 but compiled with 9\n"
         "/x.py:1: UserWarning: keep me\n"
     )
+
+
+# A model whose graph has ops of unknown shape (TextVectorization), counted by kerasfast's FLOP estimate.
+FLOP_COUNT = (
+    "import kerasfast, keras, tensorflow as tf\n"
+    "from kerasfast.costs import forward_flops\n"
+    "words = keras.layers.TextVectorization(max_tokens=20, output_sequence_length=4)\n"
+    "words.adapt(tf.constant([['a dog'], ['cat b']]))\n"
+    "text = keras.Input((1,), dtype='string')\n"
+    "model = keras.Model(text, keras.layers.Dense(1)(keras.layers.Embedding(20, 4)(words(text))))\n"
+    "print('counted', forward_flops(model, [(1,)], ['string']) is not None)\n"
+)
+
+
+def test_the_flop_count_of_a_model_with_unknown_shapes_prints_nothing(tmp_path):
+    done = subprocess.run([sys.executable, "-c", FLOP_COUNT], env=_env(), cwd=tmp_path, capture_output=True,
+                          text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "counted" in done.stdout
+    assert "no flops stats" not in done.stderr, done.stderr
+
+
+SIX_FITS = (
+    "import numpy as np, keras, kerasfast\n"
+    "x = np.random.default_rng(0).normal(size=(64, 8)).astype('float32')\n"
+    "for _ in range(6):\n"
+    "    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])\n"
+    "    kerasfast.fit(model, x, x[:, :1], loss='mse', epochs=1, batch_size=32, run_dir=False, verbose=0,\n"
+    "                  tune='off')\n"
+    "print('trained')\n"
+)
+
+
+def test_fit_called_again_and_again_is_not_warned_of_retracing(tmp_path):
+    """Each call traces its own steps once; tf.function counts them all as one function's retraces."""
+    done = subprocess.run([sys.executable, "-c", SIX_FITS], env=_env(), cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "trained" in done.stdout
+    assert "triggered tf.function retracing" not in done.stderr, done.stderr[-3000:]

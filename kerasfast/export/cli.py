@@ -49,11 +49,26 @@ def _load_eval(path: str):
 
 
 def _load_model(model_path: str, *, safe_mode: bool):
+    import re
+
     import keras
 
+    from kerasfast.recipes import import_recipe_layers
+
+    # A model a recipe saved holds the recipe's layers, registered with Keras
+    # only once the recipe's script is imported.
+    import_recipe_layers(model_path)
     try:
         return keras.saving.load_model(model_path, safe_mode=safe_mode)
     except Exception as error:
+        missing = re.search(r"Could not locate class '([^']+)'", str(error))
+        if missing:
+            raise DataError(
+                f"Cannot load {model_path} as a Keras model: it uses the custom class {missing.group(1)!r}, which "
+                "is not defined here. Load it in Python after importing the module that defines the class "
+                "(decorated with @keras.saving.register_keras_serializable), then call "
+                "kerasfast.export.export_model(model, ...)."
+            ) from error
         hint = (" If you trust the file, pass --unsafe-deserialization (loading runs the lambda's code)."
                 if safe_mode and "safe_mode" in str(error) else "")
         raise DataError(f"Cannot load {model_path} as a Keras model: {str(error).splitlines()[0]}{hint}") from error

@@ -80,7 +80,8 @@ def plot_curves(history: dict, path: pathlib.Path, title: str = "") -> pathlib.P
         axis.set_xlabel("epoch")
         axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.grid(alpha=0.3)
-        axis.legend(fontsize="small")
+        if axis.get_lines():  # an empty history draws an empty panel, with nothing to label
+            axis.legend(fontsize="small")
     if title:
         figure.suptitle(title)
     try:

@@ -199,6 +199,8 @@ def _run_parts(record: RunRecord, *, level: int, plot: bool = True) -> list[str]
         parts.append(page.paragraph("The first execution (tracing and compilation) and validation are outside the "
                                     "measured window; each point is one recorded interval of training.", "note"))
     else:
+        if plot:  # a plot left by an earlier run in this folder would pass for this one's
+            (folder / THROUGHPUT).unlink(missing_ok=True)
         why = ("the run was too short (only its first, compiling execution)" if timeline is not None
                else "the folder has no timeline.json (written by an older kerasfast)")
         parts.append(page.paragraph(f"No throughput timeline: {why}.", "note"))
@@ -225,6 +227,8 @@ def _run_parts(record: RunRecord, *, level: int, plot: bool = True) -> list[str]
                  _number(row.get("sparsity"), ".3f") if row.get("pruned", True) else f"dense ({row.get('reason', '')})"]
                 for row in record.pruning]
         parts.append(page.table(columns, rows, numeric=("params", "target sparsity")))
+    elif plot:
+        (folder / SPARSITY).unlink(missing_ok=True)
 
     for title, path in record.extra_images.items():
         parts += [page.heading(title, sub), page.image(path, title)]

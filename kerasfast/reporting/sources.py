@@ -132,6 +132,10 @@ def read_run(folder: pathlib.Path) -> RunRecord:
     """
     folder = pathlib.Path(folder)
     plan, history, result = (read_json(folder / name, _HOW_TO_GET[name]) for name in RUN_FILES)
+    _check_shape(folder / "plan.json", plan, isinstance(plan, dict), 'a JSON object ({"fields": {...}, ...})')
+    _check_shape(folder / "result.json", result, isinstance(result, dict), "a JSON object")
+    _check_shape(folder / "history.json", history, _is_history(history),
+                 'a JSON object of per-epoch numbers per metric, e.g. {"loss": [0.9, 0.5]}')
     timeline = read_json(folder / "timeline.json") if (folder / "timeline.json").is_file() else None
     pruning = read_json(folder / "pruning.json") if (folder / "pruning.json").is_file() else None
     extra = {}
@@ -139,6 +143,22 @@ def read_run(folder: pathlib.Path) -> RunRecord:
         extra["Learning-rate range test"] = folder / "lr_find.png"
     tensorboard = folder / "tensorboard" if (folder / "tensorboard").is_dir() else None
     return RunRecord(folder, plan, history, result, timeline, pruning, extra, tensorboard)
+
+
+def _is_history(history) -> bool:
+    """Whether `history` is `{metric: [number or None per epoch]}`."""
+    return isinstance(history, dict) and all(
+        isinstance(name, str) and isinstance(values, list)
+        and all(value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)) for value in values)
+        for name, values in history.items())
+
+
+def _check_shape(path: pathlib.Path, data, ok: bool, expected: str) -> None:
+    if not ok:
+        found = json.dumps(data)
+        found = found if len(found) <= 60 else found[:57] + "..."
+        raise ReportError(f"cannot make the report of {path.parent}: {path.name} should hold {expected}, but it "
+                          f"holds {found}. Re-run the fit that wrote it.")
 
 
 def read_export(folder: pathlib.Path) -> ExportRecord:
