@@ -26,10 +26,12 @@ def _env(**extra):
     return env
 
 
-def _run(code, env, cwd):
+def _run(code, env, cwd, *, printed: str | None = None):
+    """The stderr of `code` run in a fresh process, which must succeed (and print `printed`, if given)."""
     done = subprocess.run([sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True, text=True,
-                          timeout=180)
+                          timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert printed is None or printed in done.stdout, done.stdout[-3000:]
     return done.stderr
 
 
@@ -92,11 +94,8 @@ FLOP_COUNT = (
 
 
 def test_the_flop_count_of_a_model_with_unknown_shapes_prints_nothing(tmp_path):
-    done = subprocess.run([sys.executable, "-c", FLOP_COUNT], env=_env(), cwd=tmp_path, capture_output=True,
-                          text=True, timeout=180)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "counted" in done.stdout
-    assert "no flops stats" not in done.stderr, done.stderr
+    stderr = _run(FLOP_COUNT, _env(), tmp_path, printed="counted True")
+    assert "no flops stats" not in stderr, stderr
 
 
 SIX_FITS = (
@@ -112,8 +111,5 @@ SIX_FITS = (
 
 def test_fit_called_again_and_again_is_not_warned_of_retracing(tmp_path):
     """Each call traces its own steps once; tf.function counts them all as one function's retraces."""
-    done = subprocess.run([sys.executable, "-c", SIX_FITS], env=_env(), cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "trained" in done.stdout
-    assert "triggered tf.function retracing" not in done.stderr, done.stderr[-3000:]
+    stderr = _run(SIX_FITS, _env(), tmp_path, printed="trained")
+    assert "triggered tf.function retracing" not in stderr, stderr[-3000:]

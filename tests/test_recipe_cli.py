@@ -23,10 +23,18 @@ def run_recipe(name, *flags):
     return recipes.load_recipe(name).main([str(flag) for flag in flags])
 
 
+def _interruptible():
+    # A job started in the background by a non-interactive shell (as a CI
+    # runner may start the suite) inherits SIGINT ignored, and Python keeps an
+    # ignored SIGINT ignored: give the command Ctrl-C's default, as a terminal does.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def kerasfast_process(*args, **options):
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     return subprocess.Popen([sys.executable, "-m", "kerasfast.cli", *map(str, args)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **options)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_interruptible,
+                            **options)
 
 
 @pytest.mark.parametrize("name, flags, message", [

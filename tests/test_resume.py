@@ -207,8 +207,10 @@ def test_a_backup_from_another_model_is_refused(digits, tmp_path):
     def other_model():
         return keras.Sequential([keras.Input((64,)), keras.layers.Dense(16), keras.layers.Dense(10)])
 
-    with pytest.raises(PlanError, match="saved for a different run"):
+    with pytest.raises(PlanError, match="saved for a different run") as refused:
         kerasfast.fit(other_model, (x, y), **options)
+    assert "has shape (64, 16) here, (64, 8) in the backup: the model changed" in str(refused.value)
+    assert "resume='fresh'" in str(refused.value)
     result = kerasfast.fit(_model(), (x, y), **options)  # the same model resumes
     assert len(result.history.history["loss"]) == 2
     assert not (tmp_path / "backup").exists()

@@ -86,6 +86,17 @@ def signature(model, plan) -> dict:
     }
 
 
+def _shapes_difference(saved: list, now: list) -> str:
+    """How the variables a backup holds differ from this run's (the model's weights, then the optimizer's
+    and the metrics' state): a changed model, optimizer or list of metrics."""
+    if len(saved) != len(now):
+        return (f"this run has {len(now)} variables (model weights, optimizer state, metrics), the backup "
+                f"{len(saved)}: the model, the optimizer or the metrics changed")
+    index = next(i for i, (a, b) in enumerate(zip(saved, now, strict=True)) if list(a) != list(b))
+    return (f"variable {index} (in the order model weights, optimizer state, metrics) has shape {tuple(now[index])} "
+            f"here, {tuple(saved[index])} in the backup: the model changed")
+
+
 class Backup:
     """The state file of one run.
 
@@ -172,9 +183,12 @@ class Backup:
         checked = ("shapes",) if force else tuple(expected)
         changed = [k for k in checked if progress.signature.get(k) != expected[k]]
         if changed:
+            what = [_shapes_difference(progress.signature.get("shapes") or [], expected["shapes"]) if name == "shapes"
+                    else f"{name} {expected[name]!r} (the backup's run: {progress.signature.get(name)!r})"
+                    for name in changed]
             raise PlanError(
-                f"the backup in {self.directory} was saved for a different run ({', '.join(changed)} differ): "
-                "delete it to start afresh, or pass another backup_dir=."
+                f"the backup in {self.directory} was saved for a different run: {'; '.join(what)}. Pass "
+                "resume='fresh' to start again (the backup is replaced), or another backup_dir=."
             )
         if plan.steps_per_epoch and progress.step >= plan.steps_per_epoch:  # only under force: else steps match
             raise PlanError(
@@ -221,6 +235,7 @@ class BackupCallback(keras.callbacks.Callback):
                  history: dict | None = None, recorded: dict | None = None):
         super().__init__()
         self.recorded = dict(recorded or {})
+        self._saved_logs = {}  # the logs of the last epoch-end save
         self.history = {name: list(values) for name, values in (history or {}).items()}
         self.backup = backup
         self.plan = plan
@@ -247,15 +262,29 @@ class BackupCallback(keras.callbacks.Callback):
             self.backup.save(self.model, self.plan, self._progress(self._epoch, step))
             self._last_saved = step
 
-    def after_callbacks(self) -> keras.callbacks.Callback:
-        """The callback that saves at each epoch end, to be placed after the user's: the epoch's logs as
-        they leave them (ReduceLROnPlateau adds its rate) and their changes (a new learning rate) are
-        saved. Batch saves come before the user's callbacks, so a step one of them fails on is kept."""
-        return keras.callbacks.LambdaCallback(on_epoch_end=self._epoch_ended)
-
-    def _epoch_ended(self, epoch, logs=None):
-        for name, value in (logs or {}).items():
-            self.history.setdefault(name, []).append(float(value))
+    def on_epoch_end(self, epoch, logs=None):
+        # Saved before the user's callbacks run, so an epoch one of them fails after is kept.
+        self._saved_logs = {name: float(value) for name, value in (logs or {}).items()}
+        for name, value in self._saved_logs.items():
+            self.history.setdefault(name, []).append(value)
         self.backup.save(self.model, self.plan, self._progress(epoch + 1, 0))
         self._offset = 0
         self._last_saved = 0
+
+    def after_callbacks(self) -> keras.callbacks.Callback:
+        """A callback to place after the user's: it saves the epoch again when they changed its logs
+        (ReduceLROnPlateau adds its rate, and sets a new one), so a resume has the History and the rate
+        they leave."""
+        return keras.callbacks.LambdaCallback(on_epoch_end=self._epoch_logs_final)
+
+    def _epoch_logs_final(self, epoch, logs=None):
+        final = {name: float(value) for name, value in (logs or {}).items()}
+        if final.keys() == self._saved_logs.keys() and all(
+                value == self._saved_logs[name] or value != value for name, value in final.items()):  # NaN: no change
+            return
+        for name, value in final.items():
+            if name in self._saved_logs:
+                self.history[name][-1] = value
+            else:
+                self.history.setdefault(name, []).append(value)
+        self.backup.save(self.model, self.plan, self._progress(epoch + 1, 0))
