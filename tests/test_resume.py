@@ -434,3 +434,20 @@ def test_a_pruning_run_resumes_with_its_masks_and_ends_as_an_uninterrupted_one(d
     for a, b in zip(whole.model.get_weights(), resumed.model.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
     assert [row["sparsity"] for row in whole.pruning] == [row["sparsity"] for row in resumed.pruning]
+
+
+class _LossWithAnObject(keras.losses.Loss):
+    def call(self, y_true, y_pred):
+        return keras.ops.mean((y_true - y_pred) ** 2)
+
+    def get_config(self):
+        return {**super().get_config(), "helper": object()}
+
+
+def test_the_loss_a_backup_records_reads_the_same_in_the_resumed_process():
+    from kerasfast.training.planning import _loss_description
+
+    # An object's default text holds its address, which a resumed process would not share.
+    assert "0x" not in _loss_description(_LossWithAnObject())
+    assert _loss_description(_LossWithAnObject()) == _loss_description(_LossWithAnObject())
+    assert '"ignore_class": 1' in _loss_description(keras.losses.SparseCategoricalCrossentropy(ignore_class=1))

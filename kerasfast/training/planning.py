@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import keras
 
@@ -151,7 +152,9 @@ def _loss_description(loss) -> str:
         return "[" + ", ".join(_loss_description(part) for part in loss) + "]"
     if isinstance(loss, keras.losses.Loss):
         settings = {key: value for key, value in loss.get_config().items() if key not in ("name", "dtype")}
-        return f"{type(loss).__name__}({json.dumps(settings, sort_keys=True, default=str)})"
+        # An object's default text holds its address, which differs between the run and its resume.
+        text = json.dumps(settings, sort_keys=True, default=lambda value: re.sub(r" at 0x[0-9a-fA-F]+", "", str(value)))
+        return f"{type(loss).__name__}({text})"
     return getattr(loss, "__name__", None) or str(loss)
 
 
