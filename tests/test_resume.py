@@ -436,6 +436,16 @@ def test_a_pruning_run_resumes_with_its_masks_and_ends_as_an_uninterrupted_one(d
     assert [row["sparsity"] for row in whole.pruning] == [row["sparsity"] for row in resumed.pruning]
 
 
+def test_a_run_refused_after_its_arguments_were_checked_leaves_no_folder(digits, tmp_path):
+    import tensorflow as tf
+
+    (x, y), _ = digits
+    endless = tf.data.Dataset.from_tensor_slices((x.reshape(len(x), 64), y)).batch(32).repeat()
+    with pytest.raises(PlanError, match="repeats forever"):
+        kerasfast.fit(_model(), endless, **{**_OPTIONS, "run_dir": tmp_path / "run"})
+    assert not (tmp_path / "run").exists()  # not even an empty backup folder
+
+
 class _LossWithAnObject(keras.losses.Loss):
     def call(self, y_true, y_pred):
         return keras.ops.mean((y_true - y_pred) ** 2)

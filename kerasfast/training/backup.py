@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import pathlib
 import zipfile
 
@@ -110,20 +111,20 @@ class Backup:
         self.path = self.directory / STATE_FILE
         self.is_chief = is_chief
 
-    def make_folder(self) -> None:
-        """Makes the folder up front (chief only), so that one that cannot be made stops the run before it
-        trains, not at the first save.
+    def check_writable(self) -> None:
+        """Refuses, before the run trains (chief only), a folder that could not be made or written at the
+        first save; nothing is created here, so a run refused later leaves no empty folder behind.
 
         Raises:
             PlanError: Naming the folder and the remedy.
         """
         if not self.is_chief:
             return
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise PlanError(f"cannot make the backup folder {self.directory}: {error.strerror or error}. Pass a "
-                            "backup_dir= you can write, or backup_dir=False for no backup.") from error
+        existing = next(path for path in (self.directory, *self.directory.parents) if path.exists())
+        if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+            raise PlanError(f"cannot make or write the backup folder {self.directory}: {existing} is not a folder "
+                            "this process can write. Pass a backup_dir= you can write, or backup_dir=False for no "
+                            "backup.")
 
     def progress(self) -> Progress | None:
         """The saved progress, or None when there is nothing to resume.

@@ -42,7 +42,7 @@ def start(run: Run) -> None:
     backup_dir = _backup_dir(args)
     if backup_dir not in (None, False):
         run.backup = Backup(backup_dir, is_chief=run.is_chief)
-        run.backup.make_folder()
+        run.backup.check_writable()
         if args.resume == "fresh":
             run.backup.clear()
         else:
