@@ -483,6 +483,7 @@ def profile_float_operations(graph):
     import tensorflow as tf
     from tensorflow.python.profiler import model_analyzer, option_builder
 
+    _count_einsum_flops()
     options = option_builder.ProfileOptionBuilder.float_operation()
     options["output"] = "none"
     # The v1 profiler logs a deprecation warning per call; it is ours to ignore.
@@ -494,6 +495,46 @@ def profile_float_operations(graph):
     finally:
         tf.get_logger().setLevel(verbosity)
     return profile
+
+
+def _count_einsum_flops():
+    """Teaches the profiler the FLOPs of `Einsum`, which TensorFlow's own
+    registry leaves out: Keras's `ops.dot_product_attention` (so every
+    `MultiHeadAttention`) traces to it, and its matmuls counted zero.
+    Registered once per process; a TensorFlow that counts `Einsum` itself
+    keeps its own."""
+    from tensorflow.python.framework import ops
+
+    try:
+        ops.RegisterStatistics("Einsum", "flops")(_einsum_flops)
+    except KeyError:  # registered already, by this function or by TensorFlow
+        pass
+
+
+def _einsum_flops(graph, node):
+    """2 x output elements x the contracted dimensions for a product of two
+    operands, as for `BatchMatMul`; one operand is a sum (or a transpose)."""
+    import math
+
+    from tensorflow.python.framework import graph_util, ops
+
+    inputs, output = node.attr["equation"].s.decode().replace(" ", "").split("->")
+    operands = inputs.split(",")
+    sizes = {}
+    for labels, name in zip(operands, node.input, strict=False):
+        shape = graph_util.tensor_shape_from_node_def_name(graph, name)
+        shape.assert_is_fully_defined()
+        dims = shape.as_list()
+        head, _, tail = labels.partition("...")  # "..." stands for the dims the labels leave over
+        for label, dim in zip(head + tail, dims[:len(head)] + dims[len(dims) - len(tail):], strict=True):
+            sizes[label] = max(sizes.get(label, 1), dim)
+    output_shape = graph_util.tensor_shape_from_node_def_name(graph, node.name)
+    output_shape.assert_is_fully_defined()
+    elements = math.prod(output_shape.as_list())
+    contracted = math.prod(size for label, size in sizes.items() if label not in output)
+    if len(operands) == 1:
+        return ops.OpStats("flops", elements * contracted if contracted > 1 else 0)
+    return ops.OpStats("flops", 2 * elements * contracted)
 
 
 def freeze(concrete_function):

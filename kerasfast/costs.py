@@ -56,6 +56,10 @@ def _input_specs(input_shapes, input_dtypes, batch):
 def forward_flops(model, input_shapes, input_dtypes=None) -> ForwardFlops | None:
     """Counts the floating-point operations of one forward pass for one sample.
 
+    The count is TensorFlow's profiler's, with `Einsum` (the op of Keras's
+    `dot_product_attention`, which the profiler leaves out) counted as the
+    matmuls it is.
+
     Args:
         model: A built Keras model.
         input_shapes: The model's input shape(s) without the batch dimension,

@@ -165,8 +165,12 @@ class PositionEmbedding(keras.layers.Layer):
 class CausalSelfAttention(keras.layers.Layer):
     """Multi-head self-attention where position t sees positions <= t only.
 
-    Written with plain matmuls (not einsum) so that TensorFlow's profiler
-    counts the attention FLOPs too.
+    The attention itself is `keras.ops.dot_product_attention(is_causal=True)`:
+    one op that each backend runs its own best way (cuDNN's fused attention
+    under JAX or PyTorch on a GPU; under TensorFlow, which has no fused
+    kernel, an einsum, the mask and a float32 softmax that XLA fuses). Queries,
+    keys and values stay in (batch, length, heads, head_dim), the layout it
+    takes, so no transposes are traced.
     """
 
     def __init__(self, heads, **kwargs):
@@ -183,18 +187,11 @@ class CausalSelfAttention(keras.layers.Layer):
 
     def call(self, x):
         batch, length, d_model = ops.shape(x)[0], ops.shape(x)[1], x.shape[-1]
-        head_dim = d_model // self.heads
-
-        def split_heads(t):  # (batch, length, d_model) -> (batch, heads, length, head_dim)
-            return ops.transpose(ops.reshape(t, (batch, length, self.heads, head_dim)), (0, 2, 1, 3))
-
-        q, k, v = (split_heads(t) for t in ops.split(self.qkv(x), 3, axis=-1))
-        # Scores and softmax in float32, also under mixed precision.
-        scores = ops.cast(ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))), "float32") / math.sqrt(head_dim)
-        causal = ops.tril(ops.ones((length, length), dtype="bool"))
-        weights = ops.softmax(ops.where(causal, scores, -1e9), axis=-1)
-        attended = ops.matmul(ops.cast(weights, x.dtype), v)
-        return self.out(ops.reshape(ops.transpose(attended, (0, 2, 1, 3)), (batch, length, d_model)))
+        q, k, v = (ops.reshape(t, (batch, length, self.heads, d_model // self.heads))
+                   for t in ops.split(self.qkv(x), 3, axis=-1))
+        # Scores and softmax are computed in float32, also under mixed precision.
+        attended = ops.dot_product_attention(q, k, v, is_causal=True)
+        return self.out(ops.reshape(attended, (batch, length, d_model)))
 
     def get_config(self):
         return {**super().get_config(), "heads": self.heads}

@@ -178,6 +178,30 @@ def test_forward_flops_are_counted():
     assert costs.forward_flops_per_sample(model, (None,)) is None
 
 
+def test_einsum_matmuls_count_as_their_matmul_forms():
+    # TensorFlow's profiler counts no FLOPs for Einsum, the op of Keras's
+    # dot_product_attention (so of every MultiHeadAttention) under TensorFlow.
+    # Attention: scores (2*T*S*H per head) and the weighted sum, as with two batch matmuls.
+    def attention(fused):
+        q = keras.Input((5, 2, 8))
+
+        def call(t):
+            if fused:
+                return keras.ops.dot_product_attention(t, t, t)
+            heads = keras.ops.transpose(t, (0, 2, 1, 3))
+            scores = keras.ops.matmul(heads, keras.ops.transpose(heads, (0, 1, 3, 2)))
+            return keras.ops.matmul(keras.ops.softmax(scores), heads)
+
+        return keras.Model(q, keras.layers.Lambda(call)(q))
+
+    matmuls = 2 * (2 * 2 * 5 * 5 * 8)
+    assert costs.forward_flops(attention(True), (5, 2, 8)).by_op_type["Einsum"] == matmuls
+    assert costs.forward_flops(attention(False), (5, 2, 8)).by_op_type["BatchMatMulV2"] == matmuls
+    inputs = keras.Input((5, 16))
+    mha = keras.Model(inputs, keras.layers.MultiHeadAttention(2, 8)(inputs, inputs))
+    assert costs.forward_flops(mha, (5, 16)).by_op_type["Einsum"] == matmuls
+
+
 def test_threads_are_set_from_the_plan_when_tensorflow_has_not_started(tmp_path):
     script = textwrap.dedent(
         """

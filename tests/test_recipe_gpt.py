@@ -53,6 +53,29 @@ def test_corpus_is_next_byte_windows_with_held_out_validation(tmp_path):
     assert len(stdlib) > 100 and all(f.endswith(".py") and "site-packages" not in f for f in stdlib)
 
 
+def test_attention_is_one_fused_op_equal_to_the_unfused_causal_attention():
+    import keras
+
+    layer = gpt.CausalSelfAttention(heads=4)
+    x = np.random.default_rng(0).normal(size=(2, 7, 16)).astype("float32")
+    fused = keras.ops.convert_to_numpy(layer(x))
+
+    # The unfused reference in NumPy, from the layer's own weights.
+    qkv = x @ keras.ops.convert_to_numpy(layer.qkv.kernel) + keras.ops.convert_to_numpy(layer.qkv.bias)
+    q, k, v = (t.reshape(2, 7, 4, 4).transpose(0, 2, 1, 3) for t in np.split(qkv, 3, axis=-1))
+    scores = np.where(np.tril(np.ones((7, 7), bool)), q @ k.transpose(0, 1, 3, 2) / 2.0, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    attended = (weights / weights.sum(-1, keepdims=True)) @ v
+    reference = attended.transpose(0, 2, 1, 3).reshape(2, 7, 16) @ keras.ops.convert_to_numpy(layer.out.kernel)
+    reference += keras.ops.convert_to_numpy(layer.out.bias)
+    np.testing.assert_allclose(fused, reference, rtol=1e-5, atol=1e-5)
+
+    # Causal: a later position never changes an earlier one's output.
+    changed = x.copy()
+    changed[:, 4:] += 1.0
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(layer(changed))[:, :4], fused[:, :4], rtol=1e-5, atol=1e-6)
+
+
 def test_smoke_run_trains_reports_and_exports(tmp_path):
     out = tmp_path / "run"
     metrics = gpt.main(["--smoke", "--export", "--out", str(out)])
