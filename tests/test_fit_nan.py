@@ -345,3 +345,71 @@ def test_a_spike_below_the_starting_loss_is_trained_through_as_keras_does():
     np.testing.assert_allclose(fast_loss, keras_loss, rtol=1e-5)
     for a, b in zip(fast_weights, keras_weights, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_callback_switching_on_a_loss_term_trains_on_as_keras_does():
+    # KL annealing / an auxiliary loss switched on by a callback: the loss
+    # jumps 100x on purpose. The spike check starts again from the new level,
+    # and the variable the callback set is never rolled back.
+    x = np.random.default_rng(0).normal(size=(512, 8)).astype("float32")
+    y = 0.5 * x[:, :1]
+
+    class Auxiliary(keras.layers.Layer):
+        def build(self, input_shape):
+            self.weight_of_term = self.add_weight(shape=(), initializer="zeros", trainable=False)
+
+        def call(self, h):
+            self.add_loss(self.weight_of_term * (50.0 + keras.ops.mean(keras.ops.square(h))))
+            return h
+
+    class SwitchOn(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 2:
+                self.model.get_layer("auxiliary").weight_of_term.assign(1.0)
+
+    def model():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((8,))
+        hidden = Auxiliary(name="auxiliary")(keras.layers.Dense(16, activation="relu")(inputs))
+        built = keras.Model(inputs, keras.layers.Dense(1)(hidden))
+        built.compile(loss="mse", optimizer=keras.optimizers.SGD(0.01), steps_per_execution=1)
+        return built
+
+    keras_model, kerasfast_model = model(), model()
+    expected = keras_model.fit(x, y, batch_size=32, epochs=5, shuffle=False, verbose=0, callbacks=[SwitchOn()])
+    result = kerasfast.fit(kerasfast_model, x, y, batch_size=32, epochs=5, shuffle=False, callbacks=[SwitchOn()],
+                           steps_per_execution=1,
+                           tune="off", run_dir=False, verbose=0)
+    assert result.recoveries == []
+    assert expected.history["loss"][2] > 50 * expected.history["loss"][1]  # the jump happened
+    np.testing.assert_allclose(result.history.history["loss"], expected.history["loss"], rtol=1e-5)
+    assert float(kerasfast_model.get_layer("auxiliary").weight_of_term.numpy()) == 1.0
+
+
+def test_a_rollback_goes_back_to_the_last_epoch_end_at_most(capsys):
+    x, y = _regression(n=320)  # 10 batches an epoch; the backup interval is longer than the run
+    poisoned = np.concatenate([x, x, x.copy()])
+    poisoned[2 * 320 + 5 * 32] = 1e30  # epoch 3, batch 6
+    data = tf.data.Dataset.from_tensor_slices((poisoned, np.concatenate([y, y, y]))).batch(32)
+    model = _model()
+    result = kerasfast.fit(model, data, epochs=3, steps_per_epoch=10, steps_per_execution=1, run_dir=False,
+                           tune="off", verbose=1)
+    assert [(r["epoch"], r["step"]) for r in result.recoveries] == [(3, 6)]
+    assert "rolled back to epoch 2, step 10" in capsys.readouterr().out  # not to the untrained model
+
+
+def test_a_bad_batch_every_pass_meets_stops_the_run_instead_of_returning_it_untrained():
+    x, y = _regression(n=320)
+    x = x.copy()
+    x[150, 0] = np.inf
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)  # one execution holds the whole epoch
+    model = _model()
+    before = model.get_weights()
+    with pytest.raises(TrainingError, match="no good step in between: rolling back cannot get past it"):
+        kerasfast.fit(model, data, epochs=3, steps_per_execution=10, run_dir=False, tune="off", verbose=0)
+    # Nothing was kept: the model is as it was, never NaN.
+    assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights(), strict=True))
+
+    model = _model()
+    with pytest.raises(TrainingError, match="kept none of its steps"):
+        kerasfast.fit(model, data, epochs=1, steps_per_execution=10, run_dir=False, tune="off", verbose=0)

@@ -28,8 +28,16 @@ What happens then is `on_nan`:
 - "ignore": what Keras does (train on).
 
 The last good state is a copy in host memory taken every
-`snapshot_every_steps` steps, at an update boundary, after an execution
-that was itself good.
+`snapshot_every_steps` steps and at the end of every epoch, at an update
+boundary, after an execution that was itself good. A callback that changes
+the model's non-trainable variables between epochs (an auxiliary loss's
+weight switched on, a schedule kept in a variable) changes what the loss
+measures: the spike check then starts again from the new level, and the
+state after the callback's change is the last good one, so a rollback never
+undoes it. A rollback followed at once by another divergence, with no good
+step in between, cannot get past what diverges (a bad batch in every pass,
+weights that stay broken): the run stops with `TrainingError` rather than
+return a model none of whose steps were kept.
 
 A rollback past the start of the epoch leaves its metrics empty, and Keras
 would log their 0.0 as the epoch's loss, which `EarlyStopping` and
@@ -171,6 +179,11 @@ class DivergenceGuard(keras.callbacks.Callback):
         # epoch's logs (Keras hands them again to on_train_end).
         self._undone_logs = None
         self._replaced_logs = None
+        self._start_snapshot_at = None
+        self._good_steps_since_rollback = None  # None: no rollback yet
+        self._last_rollback = None  # where the last divergence was, for the message of the next one
+        self._last_execution_good = True
+        self._fixed_state = None  # the non-trainable variables' values at the end of the last epoch
 
     # -- state -------------------------------------------------------------
 
@@ -208,11 +221,26 @@ class DivergenceGuard(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         if self.on_nan != "ignore" and self._snapshot is None:
             self._take_snapshot()
+        self._start_snapshot_at = self._snapshot_at
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch, self._steps = epoch, 0
         self._tracked = None
         self._undone_logs = self._replaced_logs = None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        # The epoch's first execution starts after every callback's
+        # on_epoch_begin (this one may run before theirs).
+        if self.on_nan == "ignore" or self._steps != 0 or self._fixed_state is None:
+            return
+        if not all(np.array_equal(before, now, equal_nan=True)
+                   for before, now in zip(self._fixed_state, self._non_trainable_values(), strict=True)):
+            # A callback changed what the loss measures: a new level, and a
+            # new last good state that keeps the change.
+            self._recent.clear()
+            self._jumps, self._start_level = [], None
+            self._take_snapshot()
+        self._fixed_state = None
 
     def on_epoch_end(self, epoch, logs=None):
         # This callback runs first and Keras hands every callback (History
@@ -221,11 +249,24 @@ class DivergenceGuard(keras.callbacks.Callback):
             self._replaced_logs = {name: value for name, value in self._undone_logs.items() if name in logs}
             logs.update(self._replaced_logs)
         self._undone_logs = None
+        if self.on_nan == "ignore":
+            return
+        if (self._last_execution_good and self._since_snapshot and self._steps % self.grad_accum_steps == 0
+                and not self._jumps):
+            self._take_snapshot()
+        self._fixed_state = self._non_trainable_values()
 
     def on_train_end(self, logs=None):
         # Keras passes the last epoch's logs again, as it computed them.
         if self._replaced_logs is not None and logs is not None:
             logs.update(self._replaced_logs)
+        if self._good_steps_since_rollback == 0 and self._snapshot_at == self._start_snapshot_at:
+            raise TrainingError(
+                f"training kept none of its steps: it diverged ({self.recoveries[-1]['problem']} at "
+                f"{self._last_rollback}) and was rolled back to where it started, and no step trained after that. "
+                "The model holds its state from before fit. Check the data for NaN, infinite or extreme values, "
+                "lower the learning rate or add clipnorm=; on_nan='ignore' trains on as model.fit does."
+            )
 
     def on_train_batch_end(self, batch, logs=None):
         if self.on_nan == "ignore":
@@ -233,14 +274,20 @@ class DivergenceGuard(keras.callbacks.Callback):
         steps = batch + 1 - self._steps
         self._steps = batch + 1
         problem = self._problem(logs or {})
+        self._last_execution_good = problem is None
         if problem is None:
             self._undone_logs = None  # this execution's batches are in the metrics
             self._since_snapshot += steps
+            if self._good_steps_since_rollback is not None:
+                self._good_steps_since_rollback += steps
             if (self._since_snapshot >= self.snapshot_every_steps and self._steps % self.grad_accum_steps == 0
                     and not self._jumps):
                 self._take_snapshot()
             return
         self._diverged(problem, logs or {})
+
+    def _non_trainable_values(self):
+        return [np.array(keras.ops.convert_to_numpy(v)) for v in self.model.non_trainable_variables]
 
     # -- detection and response ----------------------------------------------
 
@@ -284,6 +331,16 @@ class DivergenceGuard(keras.callbacks.Callback):
     def _diverged(self, problem: str, logs: dict) -> None:
         where = f"epoch {self._epoch + 1}, step {self._steps}"
         back_to = f"epoch {self._snapshot_at[0] + 1}, step {self._snapshot_at[1]}"
+        if self._good_steps_since_rollback == 0 and self.on_nan == "recover":
+            self._restore_snapshot()
+            raise TrainingError(
+                f"training diverged at {where} ({problem}) right after the rollback for the divergence at "
+                f"{self._last_rollback}, with no good step in between: rolling back cannot get past it. The model "
+                f"holds the last good state ({back_to}). If the data holds a bad batch (NaN, infinite or extreme "
+                "values) that every pass meets, filter or fix it (kerasfast.data.check_tfrecords for TFRecords); "
+                "otherwise lower the learning rate or add clipnorm=. on_nan='ignore' trains on as model.fit does."
+            )
+        self._good_steps_since_rollback, self._last_rollback = 0, where
         emptied = self._restore_snapshot()
         self._undone_logs = {name: float(value) for name, value in logs.items()
                              if isinstance(value, (int, float, np.floating))} if emptied else None
