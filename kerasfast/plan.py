@@ -278,6 +278,10 @@ class ModelFacts:
             (Keras's own Adam or AdamW; `kerasfast.training.optimizers.fused_update`).
         custom_train_step: "Class.train_step" when the model overrides
             `train_step` (kerasfast then runs it), else None.
+        loss_from_raw_outputs: "Class.train_step" or "Class.compute_loss"
+            when a subclassed model (whose outputs a mixed policy leaves in
+            its compute dtype) computes its loss in code of the user's, else
+            None.
         compile_jit_compile: `jit_compile` as passed to the model's
             `compile` ("auto" when not compiled or not set).
         compile_steps_per_execution: `steps_per_execution` of the model's
@@ -301,6 +305,7 @@ class ModelFacts:
     user_learning_rate: float | None = None
     fused_update: bool = False
     custom_train_step: str | None = None
+    loss_from_raw_outputs: str | None = None
     compile_jit_compile: Any = "auto"
     compile_steps_per_execution: int = 1
     run_eagerly: bool = False
@@ -1100,6 +1105,14 @@ def _resolve_model_precision(hardware: Hardware, precision, model: ModelFacts, t
     if precision == "auto" and model.built_under and keras_policy(chosen) != model.built_under:
         reason += (f"; your model was built under '{model.built_under}': pass precision='{model.built_under}' "
                    "to train in it")
+    if precision == "auto" and chosen in ("mixed_float16", "mixed_bfloat16") and model.loss_from_raw_outputs:
+        # Keras's compiled losses cast the outputs; the user's own code may
+        # subtract float32 labels from them, which fails in their dtype.
+        return "float32", (
+            f"float32: {reason}, but {model.loss_from_raw_outputs} computes the loss from a subclassed model's "
+            f"outputs, which '{chosen}' would hand it in {compute_dtype(chosen)} (cast y_pred to float32 there and "
+            f"pass precision='{chosen}' to train in it)"
+        )
     if chosen != "mixed_float16" or train_step != "yours" or model.loss_scaled:
         return chosen, reason
     if precision == "auto":

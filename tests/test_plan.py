@@ -379,3 +379,41 @@ def test_linear_learning_rate_scaling_is_opt_in_and_reported():
     assert "linear scaling" in scaled.reasons["learning_rate"] and "learning_rate" in scaled.overridden
     with pytest.raises(PlanError, match="does not divide over 2 replicas"):
         resolve_plan(CPU_BF16, batch_size=33, num_replicas=2)
+
+
+def test_a_subclassed_models_own_loss_code_keeps_float32_where_auto_would_mix():
+    # A mixed policy hands a subclassed model's outputs to the user's loss
+    # code in bfloat16/float16 (`y - y_pred` then fails); Keras's compiled
+    # losses cast, and Sequential/functional outputs stay float32.
+    x, y = np.random.default_rng(0).normal(size=(64, 4)).astype("float32"), np.zeros((64, 1), "float32")
+
+    class Net(keras.Model):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.dense = keras.layers.Dense(1)
+
+        def call(self, inputs):
+            return self.dense(inputs)
+
+    class OwnLoss(Net):
+        def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+            return keras.ops.mean(keras.ops.abs(y - y_pred))
+
+    def facts(model):
+        model.compile(optimizer="sgd", loss=None if isinstance(model, OwnLoss) else "mse")
+        return model_facts(model, prepare_data(x, y, batch_size=32), None)
+
+    assert facts(OwnLoss()).loss_from_raw_outputs == "OwnLoss.compute_loss"
+    assert facts(Net()).loss_from_raw_outputs is None
+    functional = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    assert facts(functional).loss_from_raw_outputs is None
+
+    gpu = Hardware(gpus=(GPU("A100", (8, 0)),))
+    big = dict(forward_flops_per_sample=10_000_000)
+    own = resolve_plan(gpu, model=ModelFacts(**big, loss_from_raw_outputs="OwnLoss.compute_loss"), batch_size=64)
+    assert own.precision == "float32"
+    assert "OwnLoss.compute_loss" in own.reasons["precision"] and "precision='mixed_bfloat16'" in own.reasons["precision"]
+    assert resolve_plan(gpu, model=ModelFacts(**big), batch_size=64).precision == "mixed_bfloat16"
+    asked = resolve_plan(gpu, model=ModelFacts(**big, loss_from_raw_outputs="OwnLoss.compute_loss"), batch_size=64,
+                         precision="mixed_bfloat16")
+    assert asked.precision == "mixed_bfloat16"  # your choice stands

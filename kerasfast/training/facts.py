@@ -23,6 +23,7 @@ from kerasfast.hardware import detect_hardware
 from kerasfast.onednn import onednn_state
 from kerasfast.plan import Findings, ModelFacts, RunFacts, check_overrides, resolve_threads
 from kerasfast.training import optimizers
+from kerasfast.training.models import is_graph_model
 from kerasfast.training.backup import Backup
 from kerasfast.training.batch_callbacks import learning_rate_callbacks, per_batch_callbacks
 from kerasfast.training.run import Run
@@ -93,6 +94,15 @@ def _shared(run: Run):
     return lambda value: chief_value(distribution, value)
 
 
+def _loss_from_raw_outputs(model, own_step: str | None) -> str | None:
+    """The user's code computing a subclassed model's loss: under a mixed
+    policy its outputs come in the compute dtype (kerasfast keeps a
+    Sequential or functional model's outputs float32)."""
+    if is_graph_model(model):
+        return None
+    return own_step or _compat.overridden_step(model, "compute_loss")
+
+
 def model_facts(model, train_data, optimizer) -> ModelFacts:
     """What the plan needs to know about the model and its compile settings."""
     settings = _compat.compile_config(model)
@@ -122,6 +132,7 @@ def model_facts(model, train_data, optimizer) -> ModelFacts:
         user_learning_rate=optimizers.constant_learning_rate(template) if template is not None else None,
         fused_update=template is None or optimizers.fuses_update(template),  # None: kerasfast's AdamW
         custom_train_step=own_step,
+        loss_from_raw_outputs=_loss_from_raw_outputs(model, own_step),
         compile_jit_compile=settings.get("jit_compile", "auto"),
         compile_steps_per_execution=spe if is_int(spe) else 1,
         run_eagerly=bool(settings.get("run_eagerly")),

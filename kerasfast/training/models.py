@@ -57,7 +57,7 @@ def _output_layer_names(model) -> set[str]:
     return names
 
 
-def _is_graph_model(model) -> bool:
+def is_graph_model(model) -> bool:
     """Sequential and functional models have a config made of their layers."""
     return isinstance(model, keras.Sequential) or _compat.is_plain_functional(model)
 
@@ -90,7 +90,7 @@ def clone_under(model, policy: str, remat: str | None = None):
         return layer.__class__.from_config(config)
 
     with build_scope(policy, remat):
-        if _is_graph_model(model):
+        if is_graph_model(model):
             with _compat.uncompiled(model):  # the caller compiles the clone
                 return keras.models.clone_model(model, input_tensors=_inputs_named_alike(model),
                                                 clone_function=clone_layer, recursive=True)
@@ -142,9 +142,9 @@ def copy_weights(source, target) -> None:
 
 def _functional_models(model) -> list:
     """`model` and every Sequential / functional model nested in it."""
-    found = [model] if _is_graph_model(model) else []
+    found = [model] if is_graph_model(model) else []
     for layer in _compat.flatten_layers(model):
-        if isinstance(layer, keras.Model) and _is_graph_model(layer):
+        if isinstance(layer, keras.Model) and is_graph_model(layer):
             found.append(layer)
     return found
 
@@ -276,7 +276,7 @@ def prepare_model(model_or_builder, sample_inputs, *, strategy=None, own_steps: 
                 with scope_of(strategy):
                     _ensure_built(model, sample_inputs)
             return PreparedModel(model, model, False, "your model object, trained in place")
-        if not _is_graph_model(model) or own_steps:
+        if not is_graph_model(model) or own_steps:
             raise ModelError(_unshareable(model, strategy, created_under))
         _ensure_built(model, sample_inputs)
         with scope_of(strategy):
@@ -325,9 +325,9 @@ def _ensure_built(model, sample_inputs) -> None:
     """
     if model.built and getattr(model, "inputs", None) is not None:
         return
-    if model.built and not _is_graph_model(model):
+    if model.built and not is_graph_model(model):
         return
-    if not _is_graph_model(model):
+    if not is_graph_model(model):
         model(sample_inputs, training=False)
         return
     try:
