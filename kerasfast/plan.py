@@ -32,6 +32,9 @@ HOLD_FRACTION = 0.5
 REMAT_MODES = ("activations",)
 UNSUPPORTED_REMAT_MODES = ("full", "larger_than", "list_of_layers")
 
+# model.compile's arguments that fit takes no override for: they stay the compiled model's.
+COMPILE_ONLY_ARGUMENTS = ("loss_weights", "weighted_metrics", "run_eagerly", "auto_scale_loss")
+
 # Measured on the 2-core CI CPU with Keras 3.15 (see docs/benchmarks.md):
 # `model.fit` spends ~0.6 ms of Python and dispatch per execution, whatever
 # the model. Steps per execution amortise it.
@@ -436,7 +439,11 @@ class Overrides:
             hints = []
             for name in unknown:
                 close = difflib.get_close_matches(name, cls.names(), n=1)
-                hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+                if name in COMPILE_ONLY_ARGUMENTS:
+                    hints.append(f"{name!r} (an argument of model.compile: compile the model with it, then "
+                                 "kerasfast.fit keeps it)")
+                else:
+                    hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
             raise PlanError(f"{where} got unknown option(s) {', '.join(hints)}; see docs/fit.md for every option.")
         return cls(**options)
 

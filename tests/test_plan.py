@@ -417,3 +417,12 @@ def test_a_subclassed_models_own_loss_code_keeps_float32_where_auto_would_mix():
     asked = resolve_plan(gpu, model=ModelFacts(**big, loss_from_raw_outputs="OwnLoss.compute_loss"), batch_size=64,
                          precision="mixed_bfloat16")
     assert asked.precision == "mixed_bfloat16"  # your choice stands
+
+
+def test_a_compile_argument_given_to_fit_says_where_it_belongs():
+    from kerasfast.plan import Overrides
+
+    with pytest.raises(PlanError, match=r"'loss_weights' \(an argument of model.compile: compile the model with it"):
+        Overrides.from_options({"loss_weights": [1.0, 0.5]})
+    with pytest.raises(PlanError, match="did you mean 'precision'"):
+        Overrides.from_options({"precison": "float32"})
