@@ -152,6 +152,17 @@ def test_every_supported_layer_type_reaches_exact_sparsity():
     }
 
 
+def test_layers_of_a_nested_model_are_reported_as_their_own_type():
+    keras.utils.set_random_seed(1)
+    inner = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, name="inner_dense")], name="inner")
+    inputs = keras.Input((16,))
+    model = keras.Model(inputs, keras.layers.Dense(3, name="head")(inner(inputs)))
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x = np.random.default_rng(0).normal(size=(64, 16)).astype("float32")
+    result = prune(model, (x, np.arange(64) % 3), target_sparsity=0.5, epochs=1, batch_size=16, verbose=0)
+    assert {row["layer"]: row["type"] for row in result.summary} == {"inner_dense": "Dense", "head": "Dense"}
+
+
 def test_mixed_bfloat16_model_prunes_float32_master_weights(digits):
     x, y = digits
     keras.config.set_dtype_policy("mixed_bfloat16")

@@ -220,10 +220,12 @@ def finalize_pruning(model) -> list[dict]:
             "finalize_pruning found no pruning masks on this model; call "
             "kerasfast.compress.apply_pruning(model, config) (or prune()) first."
         )
-    layer_of = {}
+    layer_of = {}  # the innermost layer holding each variable (a nested model holds its layers' too)
     for layer in all_layers(model):
         for variable in layer.weights:
-            layer_of.setdefault(id(variable), layer)
+            holder = layer_of.get(id(variable))
+            if holder is None or len(layer.weights) <= len(holder.weights):  # a parent comes before its layers
+                layer_of[id(variable)] = layer
     rows, finished_early = [], []
     for variable, constraint in found:
         weights = tf.convert_to_tensor(variable.value)
