@@ -1072,3 +1072,157 @@ def test_a_dataset_that_never_ends_needs_steps_per_epoch():
         kerasfast.fit(_model(), endless, epochs=1, run_dir=False, verbose=0)
     result = kerasfast.fit(_model(), endless, epochs=2, steps_per_epoch=5, run_dir=False, verbose=0)
     assert len(result.history.history["loss"]) == 2
+
+
+class TwoInputsOwnLoss(keras.Model):
+    """A subclassed model taking (a, b) that computes its own loss (add_loss): fit gets no y."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(2)
+
+    def call(self, inputs):
+        a, b = inputs
+        out = self.dense(a)
+        self.add_loss(keras.ops.mean(keras.ops.square(out - b)))
+        return out
+
+
+class DistanceLoss(keras.layers.Layer):
+    def call(self, inputs):
+        out, target = inputs
+        self.add_loss(keras.ops.mean(keras.ops.square(out - target)))
+        return out
+
+
+def _two_inputs_own_loss_functional():
+    a, b = keras.Input((3,), name="a"), keras.Input((2,), name="b")
+    return keras.Model([a, b], DistanceLoss()([keras.layers.Dense(2)(a), b]))
+
+
+@pytest.mark.parametrize("make", [TwoInputsOwnLoss, _two_inputs_own_loss_functional],
+                         ids=["subclassed", "functional"])
+def test_a_tuple_of_the_models_inputs_without_y_is_read_as_its_inputs_as_keras_does(make):
+    """model.fit((xa, xb)) feeds both arrays to a two-input model; so does kerasfast.fit (docs/fit.md)."""
+    rng = np.random.default_rng(0)
+    xa, xb = rng.normal(size=(64, 3)).astype("float32"), rng.normal(size=(64, 2)).astype("float32")
+    models = []
+    for _ in range(2):
+        keras.utils.set_random_seed(1)
+        models.append(make())
+        models[-1].compile(keras.optimizers.SGD(0.1))
+    keras_model, ours = models
+    history = keras_model.fit((xa, xb), batch_size=16, epochs=2, shuffle=False, verbose=0)
+    result = kerasfast.fit(ours, (xa, xb), batch_size=16, epochs=2, shuffle=False, precision="float32",
+                           tune="off", run_dir=False, verbose=0)
+    _assert_same_weights(keras_model, ours)
+    np.testing.assert_allclose(result.history.history["loss"], history.history["loss"], atol=1e-4)
+
+
+class OneInput(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(3, activation="softmax")
+
+    def call(self, inputs):
+        return self.dense(inputs)
+
+
+def _two_inputs_with_loss():
+    a, b = keras.Input((3,)), keras.Input((3,))
+    model = keras.Model([a, b], keras.layers.Dense(3, activation="softmax")(keras.layers.Concatenate()([a, b])))
+    return model
+
+
+@pytest.mark.parametrize("make, x", [
+    (lambda: keras.Sequential([keras.Input((6,)), keras.layers.Dense(3, activation="softmax")]), X),
+    (OneInput, X),  # no declared inputs, but a loss that needs y
+    (_two_inputs_with_loss, (X[:, :3], X[:, 3:])),  # x itself a tuple of the two inputs
+], ids=["sequential", "subclassed_with_loss", "two_inputs_with_loss"])
+def test_a_tuple_without_y_is_still_x_y_where_the_model_needs_a_y(make, x):
+    """kerasfast's fit(model, (x, y)) form keeps its reading wherever a y is meant."""
+    models = []
+    for _ in range(2):
+        keras.utils.set_random_seed(1)
+        models.append(make())
+        models[-1].compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy")
+    keras_model, ours = models
+    keras_model.fit(x, Y, batch_size=20, epochs=2, shuffle=False, verbose=0)
+    kerasfast.fit(ours, (x, Y), batch_size=20, epochs=2, shuffle=False, precision="float32", tune="off",
+                  run_dir=False, verbose=0)
+    _assert_same_weights(keras_model, ours)
+
+
+class _Batches(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.seen = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen += 1
+
+
+_VALIDATION_WIDTH = r"validation_data has inputs of shape \('batch', 5\) but model '\w+' input '\w*' expects " \
+                    r"\('batch', 6\)"
+
+
+@pytest.mark.parametrize("validation_data, message", [
+    (lambda: (X[:, :5], Y), _VALIDATION_WIDTH),
+    (lambda: [X[:, :5], Y], _VALIDATION_WIDTH),
+    (lambda: (X[:100], Y[:50]),
+     r"validation_data: the arrays disagree on the number of samples \(x has 100 rows, y has 50 rows\)"),
+    (lambda: (X, Y, np.ones(10)), r"validation_data: .*sample_weight has 10 rows"),
+    (lambda: (X, np.array(["a"] * len(X))), r"validation_data: y holds strings"),
+    (lambda: tf.data.Dataset.from_tensor_slices((X[:, :5], Y)).batch(16), _VALIDATION_WIDTH),
+    (lambda: tf.data.Dataset.from_tensor_slices((X, Y)),
+     r"validation_data yields single samples of shape \(6,\), .* batch the data"),
+], ids=["width", "width_list", "lengths", "sample_weight_length", "string_labels", "dataset_width",
+        "dataset_unbatched"])
+def test_validation_data_that_cannot_work_is_refused_before_any_step(validation_data, message):
+    """The training data's checks and messages, naming validation_data, before training
+    (Keras raises its own ValueError only after the first epoch has trained)."""
+    batches = _Batches()
+    with pytest.raises(kerasfast.DataError, match=message):
+        kerasfast.fit(_model(), X, Y, batch_size=20, epochs=2, validation_data=validation_data(),
+                      callbacks=[batches], tune="off", run_dir=False, verbose=0)
+    assert batches.seen == 0
+
+
+def test_validation_data_whose_dataset_shape_is_unknown_still_trains():
+    """Dimensions a dataset's element_spec leaves unknown are not checked before it is read."""
+    unknown = tf.data.Dataset.from_tensor_slices((X, Y)).batch(20).map(
+        lambda x, y: (tf.reshape(x, [-1, tf.shape(x)[1]]), y))
+    result = kerasfast.fit(_model(), X, Y, batch_size=20, epochs=1, validation_data=unknown, tune="off",
+                           run_dir=False, verbose=0)
+    assert len(result.history.history["val_loss"]) == 1
+
+
+def _unknown_length():
+    return tf.data.Dataset.from_tensor_slices((X[:100], Y[:100])).filter(lambda x, y: True).batch(20)
+
+
+def test_a_progress_bar_counting_steps_that_ran_shows_the_batches_of_an_epoch_of_unknown_length(capsys):
+    """Keras's own bar counts the last, shorter execution as a whole one (5 batches under 4 steps per
+    execution show as 8/8); RealBatchesProgbar counts the steps that ran, as Keras shows with one step
+    per execution."""
+    from kerasfast.training.batch_callbacks import RealBatchesProgbar
+
+    model = _model()
+    model.compile(keras.optimizers.SGD(0.2), "sparse_categorical_crossentropy", steps_per_execution=4)
+    model.fit(_unknown_length(), epochs=1, verbose=2)
+    assert "8/8" in capsys.readouterr().out  # Keras's count
+    model.fit(_unknown_length(), epochs=2, verbose=2,
+              callbacks=[RealBatchesProgbar(lambda: int(model.optimizer.iterations))])
+    out = capsys.readouterr().out
+    assert out.count("5/5") == 2 and "8/8" not in out
+
+
+def test_fit_shows_the_batches_of_an_epoch_of_unknown_length_as_keras_does(capsys):
+    """5 batches of unknown length under longer executions: the bar and the throughput count
+    5 steps an epoch, as model.fit shows them (not the execution's 64). Needs trainer.train to add
+    `batch_callbacks.progress_bars` and pass `steps_done` to the ThroughputMeter."""
+    result = kerasfast.fit(_model(), _unknown_length(), epochs=2, steps_per_execution=64, tune="off",
+                           run_dir=False, verbose=2)
+    out = capsys.readouterr().out
+    assert out.count("5/5") == 2 and "64/64" not in out
+    assert result.throughput.measured_steps == 5  # the second epoch's: the first execution is left out

@@ -138,6 +138,56 @@ def _overridden_hooks(kind) -> list[str]:
     return [hook for hook in BATCH_HOOKS if getattr(kind, hook) is not getattr(base, hook)]
 
 
+class RealBatchesProgbar(keras.callbacks.ProgbarLogger):
+    """Keras's progress bar counting the batches that really trained.
+
+    Keras numbers an execution of `steps_per_execution` steps as that many
+    batches, so over data of unknown length (a `filter()`ed dataset, a
+    generator) its bar counts the last, shorter execution as a whole one: 5
+    batches under 64 steps per execution show as "64/64", and the time per
+    step is divided by 64. This bar counts the steps `steps_done` reports
+    instead: "5/5", as `model.fit` shows with one step per execution.
+
+    Args:
+        steps_done: `f()` giving the train steps run so far (e.g.
+            `StepFunctions.micro_steps`); only its increase within an epoch
+            is read.
+    """
+
+    def __init__(self, steps_done):
+        super().__init__()
+        self._steps_done = steps_done
+        self._epoch_start = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_start = self._steps_done()
+        super().on_epoch_begin(epoch, logs)
+
+    def on_train_batch_end(self, batch, logs=None):
+        # Keras's `batch` is the execution's last step as if it were whole.
+        super().on_train_batch_end(self._steps_done() - self._epoch_start - 1, logs)
+
+
+def progress_bars(plan, callbacks, verbose, steps_done) -> list:
+    """The progress bar to add to a run's callbacks: `[RealBatchesProgbar]`
+    when Keras's own would count whole executions (epochs of unknown length,
+    several steps per execution, shown), else `[]` (Keras's own is right, or
+    the user gave one).
+
+    Args:
+        plan: The run's `Plan`.
+        callbacks: The user's callbacks.
+        verbose: The `verbose` Keras's `fit` gets.
+        steps_done: `f()` giving the train steps run so far, or None (Keras's
+            own steps run: their count is Keras's).
+    """
+    if steps_done is None or verbose == 0 or plan.steps_per_epoch is not None or plan.steps_per_execution <= 1:
+        return []
+    if any(isinstance(callback, keras.callbacks.ProgbarLogger) for callback in callbacks):
+        return []
+    return [RealBatchesProgbar(steps_done)]
+
+
 @contextlib.contextmanager
 def rate_setting_errors(plan):
     """Keras's TypeError for a callback setting a rate that is a schedule, as

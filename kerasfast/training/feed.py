@@ -11,8 +11,8 @@ from kerasfast.distribute import ray_train
 from kerasfast.errors import PlanError
 from kerasfast.training.data_errors import damage_named
 from kerasfast.training.guard import check_finite
-from kerasfast.training.inputs import (prepare_data, sharded_tfrecord_stream, split_validation, unpacked,
-                                       validation_arguments)
+from kerasfast.training.inputs import (check_validation_data, prepare_data, sharded_tfrecord_stream,
+                                       split_validation, tuple_is_model_inputs, unpacked, validation_arguments)
 from kerasfast.training.loop import stream_factory
 from kerasfast.training.run import Run
 
@@ -24,10 +24,16 @@ def prepare(run: Run, batch_size: int | None) -> None:
     data path cannot serve, and checks arrays for NaN unless `on_nan="ignore"`.
     """
     feed, args = run.feed, run.args
-    feed.x, feed.y, feed.sample_weight = unpacked(feed.x, feed.y, feed.sample_weight)
+    # A tuple x without y: the model's inputs where only they can be meant (as Keras reads it), else (x, y[, w]).
+    model_inputs = feed.y is None and feed.sample_weight is None and tuple_is_model_inputs(
+        run.model, feed.x, loss=args.loss, metrics=args.metrics)
+    if not model_inputs:
+        feed.x, feed.y, feed.sample_weight = unpacked(feed.x, feed.y, feed.sample_weight)
     if args.validation_split and feed.validation_data is None:
         (feed.x, feed.y, feed.sample_weight), feed.validation_data = split_validation(
             feed.x, feed.y, feed.sample_weight, args.validation_split)
+    if model_inputs:
+        feed.x = list(feed.x)  # the inputs as a list, which no later step reads as (x, y)
     if feed.class_weight is not None and isinstance(feed.x, (str, os.PathLike)) \
             and run.distribution.name == "multi_worker":
         raise PlanError("class_weight= is not applied to TFRecords read per worker: write the weights into the "
@@ -76,6 +82,8 @@ def _validate_with(run: Run, batch_size: int | None) -> None:
     feed = run.feed
     run.validation = validation_arguments(feed.validation_data, feed.validation_batch_size or batch_size,
                                           feed.validation_steps, feed.validation_freq, run.train_data, feed.on_error)
+    # The training data's checks, before any step (Keras would fail only after the first epoch's training).
+    check_validation_data(run.validation.get("validation_data"), run.model)
 
 
 def training_stream(run: Run):

@@ -168,7 +168,8 @@ def fit(
             `tf.data.Dataset` yielding `x` or `(x, y[, sample_weight])`, a
             `keras.utils.PyDataset`, a generator; or a TFRecord file, folder
             or pattern written by `kerasfast.data.write_tfrecords`. A tuple
-            `x` without `y` is read as `(x, y[, sample_weight])`.
+            `x` without `y` is read as `(x, y[, sample_weight])`, unless only
+            the model's inputs can be meant, as Keras reads it (docs/fit.md).
         batch_size: As in Keras, or "auto": real train steps pick it (on a
             GPU the largest global batch that fits in memory, on a CPU the
             fastest within a memory bound; see

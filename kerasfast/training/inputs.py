@@ -6,7 +6,8 @@ list or tuple for several inputs) with `y` / `sample_weight` beside them; a
 `tf.data.Dataset` yielding `x` or `(x, y[, sample_weight])`; a
 `keras.utils.PyDataset`; a Python generator; plus kerasfast's TFRecord
 paths. A tuple given as `x` without `y` is read as `(x, y[, sample_weight])`
-(kerasfast's `fit(model, (x, y))` form). `class_weight` becomes sample
+(kerasfast's `fit(model, (x, y))` form), unless it can only be the model's
+inputs, as Keras reads it (`tuple_is_model_inputs`). `class_weight` becomes sample
 weights (multiplied into `sample_weight` when both are given) and
 `validation_split` takes Keras's split: the last fraction, before shuffling.
 
@@ -172,6 +173,51 @@ def unpacked(x, y, sample_weight):
     return x, y, sample_weight
 
 
+def tuple_is_model_inputs(model, x, *, loss=None, metrics=None) -> bool:
+    """Whether a tuple `x` given without `y` is the model's inputs (Keras's
+    reading of `model.fit((xa, xb))`) rather than kerasfast's
+    `(x, y[, sample_weight])`.
+
+    It is, where the `(x, y)` reading cannot be what the user means:
+
+    - a model with declared inputs (functional, Sequential) takes as many
+      inputs as the tuple has parts (more than one), and each part is one
+      array whose shape fits the input at its position (its first part
+      alone could not feed the model);
+    - a model whose inputs are not known yet (a subclassed model not
+      built) would not use a `y`: it has no loss (compiled, or `loss=`),
+      no metrics and none of its own `train_step` / `compute_loss` /
+      `compute_metrics` (a model training on `add_loss` alone).
+
+    Anything else keeps the documented `(x, y[, sample_weight])` reading.
+
+    Args:
+        model: The model `fit` got (anything else, e.g. a builder, gives False).
+        x: What `fit` got as `x`, with `y` and `sample_weight` None.
+        loss, metrics: `fit`'s own `loss=` / `metrics=`.
+    """
+    import keras
+
+    if not isinstance(model, keras.Model) or type(x) is not tuple or len(x) not in (2, 3):
+        return False
+    if any(keras.tree.is_nested(part) or part is None for part in x):
+        return False
+    try:
+        declared = list(model.inputs or ())
+    except AttributeError:  # a subclassed model: no declared inputs
+        declared = []
+    if declared:
+        if len(declared) != len(x):
+            return False
+        shapes = [tuple(part.shape) if hasattr(part, "shape") else tuple(np.shape(part)) for part in x]
+        return all(_shapes_compatible(shape, tuple(spec.shape)) for shape, spec in zip(shapes, declared, strict=True))
+    if any(_compat.overridden_step(model, method) for method in ("train_step", "compute_loss", "compute_metrics")):
+        return False
+    settings = _compat.compile_config(model)
+    return all(value is None for value in (loss, metrics, settings.get("loss"), settings.get("metrics"),
+                                           settings.get("weighted_metrics")))
+
+
 def split_validation(x, y, sample_weight, validation_split):
     """Keras's `validation_split`: the last fraction of the arrays, taken before shuffling.
 
@@ -235,6 +281,23 @@ def _from_arrays(x, y, sample_weight, reading: "_Reading") -> PreparedData:
             and not keras.tree.is_nested(sample_weight):
         # Keras's rule: one per-sample weight array applies to every output.
         sample_weight = keras.tree.map_structure(lambda _: sample_weight, y)
+    num_samples = _num_samples(x, y, sample_weight, what)
+    packed = keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
+    # The whole packed structure as `x` makes every element that structure.
+    # The endless, stateless stream lets a resumed run replay the exact order.
+    dataset = array_dataset(packed, None, batch_size=batch_size, shuffle=bool(reading.shuffle), seed=reading.seed,
+                            repeat=reading.repeat)
+    # As tensors: NumPy object arrays (pandas strings) have no Keras dtype.
+    sample = keras.tree.map_structure(lambda a: first_rows(a, batch_size), packed)
+    facts = DataFacts(batch_size=None, num_samples=num_samples, steps_per_epoch=math.ceil(num_samples / batch_size))
+    return PreparedData(dataset, facts, _unpack(sample)[0], f"arrays, {num_samples} samples", sample, "arrays")
+
+
+def _num_samples(x, y, sample_weight, what: str) -> int:
+    """The samples the arrays hold; refuses a scalar, no arrays, no samples,
+    or arrays that disagree on their number of rows, naming each."""
+    import keras
+
     lengths = {}  # every array's rows, by where it sits ("x['image']")
     for name, part in (("x", x), ("y", y), ("sample_weight", sample_weight)):
         for path, leaf in keras.tree.flatten_with_path(part) if part is not None else []:
@@ -251,15 +314,7 @@ def _from_arrays(x, y, sample_weight, reading: "_Reading") -> PreparedData:
     num_samples = next(iter(lengths.values()))
     if num_samples == 0:
         raise DataError(f"{what} is empty: give at least one sample.")
-    packed = keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
-    # The whole packed structure as `x` makes every element that structure.
-    # The endless, stateless stream lets a resumed run replay the exact order.
-    dataset = array_dataset(packed, None, batch_size=batch_size, shuffle=bool(reading.shuffle), seed=reading.seed,
-                            repeat=reading.repeat)
-    # As tensors: NumPy object arrays (pandas strings) have no Keras dtype.
-    sample = keras.tree.map_structure(lambda a: first_rows(a, batch_size), packed)
-    facts = DataFacts(batch_size=None, num_samples=num_samples, steps_per_epoch=math.ceil(num_samples / batch_size))
-    return PreparedData(dataset, facts, _unpack(sample)[0], f"arrays, {num_samples} samples", sample, "arrays")
+    return num_samples
 
 
 def _dataset(dataset, what: str, class_weight=None) -> PreparedData:
@@ -435,7 +490,8 @@ def _input_name(spec) -> str:
 
 def _shapes_compatible(given: tuple, expected: tuple) -> bool:
     if len(given) == len(expected):
-        return all(e is None or e == g for g, e in zip(given[1:], expected[1:], strict=True))
+        # A dimension unknown on either side (a dataset's element_spec) fits.
+        return all(e is None or g is None or e == g for g, e in zip(given[1:], expected[1:], strict=True))
     # Keras's leniency: a (batch,) feature feeds a (None, 1) input, and the reverse.
     if len(given) + 1 == len(expected) and expected[-1] == 1:
         return _shapes_compatible(given + (1,), expected)
@@ -485,6 +541,8 @@ def check_inputs_match(model, sample_inputs, what: str = "data") -> None:
             )
         pairs = list(zip(given, declared, strict=True))
     for tensor, spec in pairs:
+        if hasattr(tensor, "shape") and getattr(tensor.shape, "rank", 0) is None:
+            continue  # a dataset's element of unknown rank: nothing to check before it is read
         shape = tuple(tensor.shape) if hasattr(tensor, "shape") else tuple(np.shape(tensor))
         expected = tuple(spec.shape)
         if not _shapes_compatible(shape, expected):
@@ -498,6 +556,52 @@ def check_inputs_match(model, sample_inputs, what: str = "data") -> None:
                 f"{_input_name(spec)!r} expects {('batch',) + expected[1:]}: reshape the data "
                 f"(e.g. x.reshape(-1, {', '.join(str(d) for d in expected[1:])})) or change the model's Input."
             )
+
+
+def check_validation_data(validation_data, model=None) -> None:
+    """Refuses `validation_data` that cannot work before any training step,
+    with the training data's checks and messages, naming `validation_data`
+    (Keras would raise its own error only when the first epoch has trained).
+
+    Arrays (`(x, y[, sample_weight])`, or `x` alone): every array holds one
+    row per sample and they agree on the number of samples, the targets are
+    not strings, and `x` fits the model's declared inputs. A
+    `tf.data.Dataset`: its `element_spec`'s inputs fit the model's declared
+    inputs (dimensions the spec leaves unknown are not checked); nothing is
+    read. Generators and `PyDataset`s are read only by the evaluation.
+
+    Args:
+        validation_data: As Keras's `validation_arguments` give it to `fit`.
+        model: The model, or None to check the arrays alone. A model with
+            its own `train_step` or `test_step` reads the data its own way:
+            its inputs are not checked.
+
+    Raises:
+        DataError: Naming `validation_data` and what is wrong.
+    """
+    import keras
+    import tensorflow as tf
+
+    what = "validation_data"
+    if validation_data is None or isinstance(validation_data, (str, os.PathLike)):
+        return
+    if isinstance(validation_data, tf.data.Dataset):
+        sample_inputs = _unpack(validation_data.element_spec)[0]
+    else:
+        try:
+            x, y, sample_weight = _unpack(tuple(validation_data) if isinstance(validation_data, list)
+                                          else validation_data)
+        except ValueError as error:  # a tuple of more than three parts
+            raise DataError(f"{what}: {error} Pass (x, y) or (x, y, sample_weight), or a tf.data.Dataset.") from error
+        if x is None or not _compat.can_convert_arrays((x, y, sample_weight)):
+            return
+        x, y, sample_weight = (_arrays(part) if part is not None else None for part in (x, y, sample_weight))
+        _check_not_strings(y, "y", what)
+        _num_samples(x, y, sample_weight, what)
+        sample_inputs = x
+    if isinstance(model, keras.Model) and not any(
+            _compat.overridden_step(model, method) for method in ("train_step", "test_step")):
+        check_inputs_match(model, sample_inputs, what)
 
 
 def validation_arguments(validation_data, batch_size, steps, freq, train_data, on_error) -> dict:

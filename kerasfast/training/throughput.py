@@ -66,6 +66,10 @@ class ThroughputMeter(keras.callbacks.Callback):
             (a resumed run).
         input_wait_seconds: `f()` returning the seconds the train steps have
             waited for input so far (see `StepFunctions`), or None.
+        steps_done: `f()` giving the train steps run so far (see
+            `StepFunctions.micro_steps`), or None. When epochs have no set
+            length, Keras numbers an epoch's last, shorter execution as a
+            whole one; with it, the steps counted are those that ran.
 
     Example:
 
@@ -81,8 +85,10 @@ class ThroughputMeter(keras.callbacks.Callback):
     """
 
     def __init__(self, samples_in_steps, steps_per_epoch: int | None = None, first_step: int = 0,
-                 input_wait_seconds=None):
+                 input_wait_seconds=None, steps_done=None):
         super().__init__()
+        self._steps_done_now = steps_done
+        self._steps_done_before = None
         self._input_wait_seconds = input_wait_seconds
         self._wait_start = None
         self._wait_end = None
@@ -115,6 +121,8 @@ class ThroughputMeter(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch, logs=None):
         if self._last_end is None:
             self._last_end = time.perf_counter()
+        if self._steps_done_now is not None:
+            self._steps_done_before = self._steps_done_now()
 
     def on_train_batch_end(self, batch, logs=None):
         now = time.perf_counter()
@@ -122,6 +130,9 @@ class ThroughputMeter(keras.callbacks.Callback):
         if self._steps_per_epoch:
             # Keras numbers an epoch's last, shorter execution as a whole one.
             last = min(last, self._steps_per_epoch - self._offset - 1)
+        elif self._steps_done_before is not None:
+            last = first + self._steps_done_now() - self._steps_done_before - 1  # the steps that ran
+            batch = last
         self._counted += last - first + 1
         # Steps done since the start of training (counted here when epochs have no set length).
         self._steps_done = self._epoch_start + last + 1 if self._steps_per_epoch else self._counted

@@ -18,7 +18,7 @@ from kerasfast.errors import PlanError
 from kerasfast.runs import DEFAULT_ROOT, new_run_dir, write_json
 from kerasfast.training import feed, optimizers, planning
 from kerasfast.training.backup import training_variables
-from kerasfast.training.batch_callbacks import rate_setting_errors
+from kerasfast.training.batch_callbacks import progress_bars, rate_setting_errors
 from kerasfast.training.data_errors import errors_naming_the_data
 from kerasfast.training.guard import DivergenceGuard
 from kerasfast.training.loop import run_epochs
@@ -67,19 +67,22 @@ def train(run: Run, rate_control) -> None:
     # Keras's eager ones (run_eagerly=True) while each step runs.
     with eager_steps_in_precision(model, plan) if plan.train_step == "keras" else contextlib.nullcontext():
         metric_values, steps = _restored_and_prepared(run)
+        steps_done = (lambda: steps.micro_steps) if steps is not None else None
         run.meter = ThroughputMeter(
             samples_counter(plan.global_batch_size, run.train_data.facts.num_samples), plan.steps_per_epoch,
             first_step=run.progress.step if run.progress else 0,
-            input_wait_seconds=steps.input_wait_seconds if steps is not None else None)
+            input_wait_seconds=steps.input_wait_seconds if steps is not None else None, steps_done=steps_done)
         run.guard = DivergenceGuard(**run.args.divergence, snapshot_every_steps=run.args.backup_every,
                                     grad_accum_steps=plan.grad_accum_steps, learning_rate=rate_control,
                                     variables=lambda: training_variables(model), is_chief=run.is_chief)
         with scope_of(run.strategy), lost_peer_errors(run.distribution), rate_setting_errors(plan), \
                 errors_naming_the_data(run.feed.x, run.feed.y, run.feed.validation_data, run.feed.validation_steps):
+            verbose = run.args.verbose if run.is_chief else 0
             run.history = run_epochs(
                 model, feed.training_stream(run), plan=plan, epochs=run.args.epochs,
-                initial_epoch=run.args.initial_epoch, callbacks=_callbacks(run) + [run.meter],
-                verbose=run.args.verbose if run.is_chief else 0, validation=run.validation, backup=run.backup,
+                initial_epoch=run.args.initial_epoch,
+                callbacks=_callbacks(run) + [run.meter] + progress_bars(plan, run.args.callbacks, verbose, steps_done),
+                verbose=verbose, validation=run.validation, backup=run.backup,
                 backup_every=run.args.backup_every, progress=run.progress, metric_values=metric_values,
                 seed=run.seed, recorded=planning.recorded_arguments(run), guard=run.guard,
             )
