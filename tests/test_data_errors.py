@@ -219,6 +219,29 @@ def test_a_shard_cut_short_without_checks_still_fails_and_on_error_skip_reads_wh
     assert labels(ds) == sorted([0, 2, 4, 6, *range(1, N, 2)])  # shard 0 holds the even labels, 4 of them left
 
 
+@pytest.mark.parametrize("read_block", [None, 1], ids=["blocks", "record by record"])
+def test_a_file_holding_more_records_than_schema_json_promises_is_named_not_read_short(dataset, read_block):
+    schema = json.loads((dataset / "schema.json").read_text())
+    schema["shards"][1]["num_records"] -= 2  # a hand edit: the byte sizes still match, so the quick check passes
+    schema["num_records"] -= 2
+    (dataset / "schema.json").write_text(json.dumps(schema))
+    ds = kd.tfrecord_dataset(dataset, batch_size=4, shuffle=False, read_block=read_block)
+    named = re.escape(f"{shard(dataset, 1)} holds more records than schema.json promises for it: 5 read where 4 "
+                      f"are promised")
+    with pytest.raises(tf.errors.InvalidArgumentError, match=named) as caught:
+        labels(ds)
+    explained = str(kd.damage_error(ds, caught.value))
+    assert (f"{shard(dataset, 1)}: holds more records than schema.json promises: 6 records where schema.json "
+            f"says 4") in explained
+    assert kd.check_tfrecords(dataset).summary().startswith(
+        f"1 file(s) hold more records than schema.json promises (2 more; 12 readable, 10 promised): first "
+        f"problem at {shard(dataset, 1)};")
+    # on_error="skip": the extra records are whole, so every record is read, with a warning.
+    with pytest.warns(UserWarning, match="reading all 12 records, 2 more than the 10 that schema.json promises"):
+        ds = kd.tfrecord_dataset(dataset, batch_size=4, shuffle=False, on_error="skip", read_block=read_block)
+    assert labels(ds) == list(range(N)) and ds.kerasfast_info.steps_per_epoch == 3
+
+
 def test_a_shard_deleted_after_the_check_is_named(dataset):
     ds = kd.tfrecord_dataset(dataset, batch_size=4, shuffle=False)
     os.remove(shard(dataset, 1))
@@ -550,8 +573,11 @@ def _edit_schema(path, edit):
     (lambda s: {**s, "label": "z"}, r": label 'z' is not one of the features \['x', 'y'\]"),
     (lambda s: {**s, "compression": "lz4"}, r": compression='lz4' is not supported"),
     (lambda s: {**s, "version": "one"}, r": version is \"one\", which should be a whole number"),
+    (lambda s: {**s, "features": [{**s["features"][0], "shape": [None]}, *s["features"][1:]]},
+     r": features\[0\]\.shape is \[null\], which should be a list of whole numbers for feature 'x', stored raw "
+     r"with one fixed shape \(such as \[4\]"),
 ], ids=["top-level list", "shape", "dtype", "feature entry missing", "shard count", "num_records", "features null",
-        "label type", "label name", "compression", "version"])
+        "label type", "label name", "compression", "version", "raw shape that varies"])
 def test_a_malformed_schema_json_is_named_with_its_entry_and_value(dataset, edit, message):
     _edit_schema(dataset / "schema.json", edit)
     for read in (lambda: kd.tfrecord_dataset(dataset, batch_size=2), lambda: kd.check_tfrecords(dataset)):

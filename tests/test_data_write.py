@@ -494,6 +494,31 @@ def test_parquet_categorical_columns_are_decoded_and_a_null_in_an_int_list_refus
     assert x["w"][0].tolist() == [0.5] and np.isnan(x["w"][1][0])  # a null in a float list is NaN
 
 
+def test_parquet_nulls_in_int_bool_string_and_list_columns_refuse_only_their_rows(tmp_path, monkeypatch):
+    monkeypatch.setattr(sources, "CHUNK_RECORDS", 2)  # record batches of 2 rows: rows are counted over the file
+    table = pa.table({
+        "i": pa.array([1, 2, 3, None, 5, 6, 7]), "b": pa.array([True, False, True, True, None, False, True]),
+        "s": pa.array(["a", "b", "c", "d", "e", None, "g"]),
+        "l": pa.array([[0.5, 1.0], None, [2.0, 3.0], [4.0, 5.0], [6.0, 7.0], [8.0, 9.0], [1.0, None]]),
+        "label": range(7)})
+    pq.write_table(table, tmp_path / "nulls.parquet")
+    with pytest.raises(DataError, match=r"nulls\.parquet row 1 has a missing value \(null\) in column 'l' where a "
+                                        r"list belongs: fill it"):
+        kd.write_tfrecords(str(tmp_path / "nulls.parquet"), tmp_path / "out", shards=1)
+    with pytest.warns(UserWarning, match="skipped 4 bad record"):
+        result = kd.write_tfrecords(str(tmp_path / "nulls.parquet"), tmp_path / "out", shards=1, on_error="skip")
+    assert [where.rsplit(" ", 1)[1] for where, _ in result.skipped] == ["1", "3", "4", "5"]
+    reasons = dict((where.rsplit(" ", 1)[1], reason) for where, reason in result.skipped)
+    assert "column 'i', an integer column (int64)" in reasons["3"] and "astype('float64')" in reasons["3"]
+    assert "column 'b', a boolean column (bool)" in reasons["4"]
+    # A string column gets a hint that fits it: a float column would not hold its text.
+    assert "column 's', a string column" in reasons["5"] and "fillna('')" in reasons["5"]
+    assert "float" not in reasons["5"]
+    x, y = read_everything(tmp_path / "out")
+    assert y.tolist() == [0, 2, 6] and x["i"].tolist() == [1, 3, 7] and x["s"].tolist() == [b"a", b"c", b"g"]
+    assert x["b"].tolist() == [True, True, True] and np.isnan(x["l"][2][1])  # a null inside a float list is NaN
+
+
 def test_a_ragged_column_of_a_dict_of_lists_is_named_with_the_fix(tmp_path):
     with pytest.raises(DataError, match=r"feature 'tokens' is not a rectangular array .*pad the lists to one length"):
         kd.write_tfrecords({"tokens": [[1, 2], [3], [4, 5]], "label": [0, 1, 0]}, tmp_path / "out")

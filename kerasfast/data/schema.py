@@ -88,6 +88,10 @@ class FeatureSchema:
                 f"feature {self.name!r}: dtype {self.dtype} cannot be stored raw; "
                 f"cast it to one of {RAW_DTYPES}."
             )
+        if self.encoding == "raw" and None in self.shape:
+            raise DataError(f"feature {self.name!r}: shape {list(self.shape)} has a size that varies (None), which a "
+                            f"feature stored raw cannot have: give its one fixed shape, whole numbers such as [4] "
+                            f"or [28, 28] ([] for a scalar).")
         if self.encoding in ("int64", "float", "bytes") and self.shape != ():
             raise DataError(f"feature {self.name!r}: encoding {self.encoding!r} holds scalars only.")
         if self.encoding in IMAGE_ENCODINGS and (len(self.shape) != 3 or self.shape[2] not in (1, 3, 4)):
@@ -365,6 +369,11 @@ class _SchemaEntries:
         shape = self.check(f"{key}.shape", obj["shape"], lambda v: isinstance(v, list) and all(
             d is None or _is_count(d) for d in v), "a list of whole numbers (null for a size that varies)")
         encoding = self.check(f"{key}.encoding", obj["encoding"], lambda v: v in ENCODINGS, f"one of {list(ENCODINGS)}")
+        if encoding == "raw":
+            # Only images may vary in size (null); raw values are reshaped to the one shape given here.
+            self.check(f"{key}.shape", shape, lambda v: None not in v,
+                       f"a list of whole numbers for feature {name!r}, stored raw with one fixed shape (such as "
+                       f"[4] or [28, 28], [] for a scalar; null, a size that varies, is for images only)")
         return FeatureSchema(name, dtype, tuple(shape), encoding)
 
     def shard(self, key: str, obj) -> "ShardInfo":

@@ -388,33 +388,77 @@ def _parquet_source(files) -> Source:
 
 
 def _arrow_values(column, f, name, row0):
-    """The values of one column of a Parquet record batch (rows from `row0` of file `f`), one per row."""
+    """The values of one column of a Parquet record batch (rows from `row0` of file `f`), one per row: a
+    null that the column's type has no value for is a `BadRecord` for its row (a null float is NaN)."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     if pa.types.is_dictionary(column.type):
         # What pandas writes for a categorical column: the values, stored once, and an index per row.
         column = column.dictionary_decode()
-    if column.null_count and not pa.types.is_floating(column.type):
-        raise DataError(f"{f}: column {name!r} has {column.null_count} missing values in rows from {row0}; "
-                        f"fill them (or use a float column, where they become NaN).")
-    if pa.types.is_integer(column.type) or pa.types.is_floating(column.type) or pa.types.is_boolean(column.type):
-        return column.to_numpy(zero_copy_only=False)
-    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type) or pa.types.is_binary(column.type):
-        return column.to_pylist()
-    if pa.types.is_list(column.type) or pa.types.is_fixed_size_list(column.type) or pa.types.is_large_list(column.type):
+    kind = column.type
+    if pa.types.is_list(kind) or pa.types.is_fixed_size_list(kind) or pa.types.is_large_list(kind):
         return _arrow_list_values(column, name)
+    if pa.types.is_floating(kind):
+        return column.to_numpy(zero_copy_only=False)
+    if pa.types.is_integer(kind) or pa.types.is_boolean(kind):
+        if not column.null_count:
+            return column.to_numpy(zero_copy_only=False)
+        # The value filled in is never written: its row is refused (or skipped) instead.
+        values = pc.fill_null(column, pa.scalar(False if pa.types.is_boolean(kind) else 0, kind))
+        return _with_null_rows(column, list(values.to_numpy(zero_copy_only=False)), _null_reason(name, kind))
+    if (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind)
+            or pa.types.is_large_binary(kind)):
+        return _with_null_rows(column, column.to_pylist(), _null_reason(name, kind))
     raise DataError(f"{f}: column {name!r} has type {column.type}, which cannot be stored; "
                     f"convert it to numbers, strings or lists of numbers.")
 
 
+def _with_null_rows(column, values: list, reason: str) -> list:
+    """`values`, one per row of `column`, with a `BadRecord` for `reason` in place of each null."""
+    if not column.null_count:
+        return values
+    bad = BadRecord(reason)
+    return [bad if missing else v for v, missing in zip(values, column.is_null().to_pylist(), strict=True)]
+
+
+def _null_reason(name: str, kind) -> str:
+    """Why a row holding a null in column `name` (of pyarrow type `kind`) is refused, with the fix that fits
+    the type."""
+    import pyarrow as pa
+
+    if pa.types.is_integer(kind) or pa.types.is_boolean(kind):
+        what = "a boolean" if pa.types.is_boolean(kind) else "an integer"
+        return (f"has a missing value (null) in column {name!r}, {what} column ({kind}) that cannot hold one: "
+                f"fill the missing values (pandas: df[{name!r}].fillna(...)) or make the column a float type "
+                f"(df[{name!r}].astype('float64')), where a missing value becomes NaN")
+    text = pa.types.is_string(kind) or pa.types.is_large_string(kind)
+    empty, what = ("''", "a string") if text else ("b''", "a binary")
+    return (f"has a missing value (null) in column {name!r}, {what} column ({kind}) that cannot hold one: fill the "
+            f"missing values, e.g. with an empty value (pandas: df[{name!r}].fillna({empty}))")
+
+
 def _arrow_list_values(column, name: str) -> list:
-    """Each list of a pyarrow list column as an array, or a `BadRecord` for a list holding a null that its
-    value type has no value for (a null becomes NaN in a float list, as a null float cell does)."""
+    """Each list of a pyarrow list column as an array, or a `BadRecord` for a missing (null) list, or a
+    list holding a null that its value type has no value for (a null becomes NaN in a float list, as a
+    null float cell does)."""
     value_type = np.dtype(column.type.value_type.to_pandas_dtype())
-    return [np.asarray(v, dtype=value_type) if value_type.kind == "f" or None not in v else BadRecord(
-        f"has a missing value (null) at position {v.index(None)} of the list in column {name!r}, whose "
-        f"{column.type.value_type} values cannot hold one; fill it, or store the column as a list of "
-        f"floats, where a missing value becomes NaN") for v in column.to_pylist()]
+    floats = value_type.kind == "f"
+    missing_list = BadRecord(
+        f"has a missing value (null) in column {name!r} where a list belongs: fill it with a list as long as "
+        f"the others" + (" (of NaN, for missing values)" if floats else ""))
+
+    def value(v):
+        if v is None:
+            return missing_list
+        if floats or None not in v:
+            return np.asarray(v, dtype=value_type)
+        return BadRecord(
+            f"has a missing value (null) at position {v.index(None)} of the list in column {name!r}, whose "
+            f"{column.type.value_type} values cannot hold one; fill it, or store the column as a list of "
+            f"floats, where a missing value becomes NaN")
+
+    return [value(v) for v in column.to_pylist()]
 
 
 def _parse_int(text):

@@ -47,6 +47,12 @@ class FileReport:
     compression: str | None
     num_records: int = 0  # records found, good or bad
     problems: list = dataclasses.field(default_factory=list)
+    promised: int | None = None  # records schema.json promises for the file; None without one
+
+    @property
+    def num_extra(self) -> int:
+        """Records found beyond what schema.json promises for the file (read whole: only the count is off)."""
+        return max(0, self.num_records - self.promised) if self.promised is not None else 0
 
     @property
     def bad_indices(self) -> set:
@@ -106,12 +112,18 @@ class ValidationReport:
             return f"{len(self.files)} file(s), {self.num_records} records, no problems found."
         probs = self.problems
         # Against the schema's count: records after a truncation are not found, so not counted, otherwise.
-        if self.promised is not None:
+        longer = [f for f in self.files if f.num_extra]
+        if longer:
+            promised = f", {self.promised} promised" if self.promised is not None else ""
+            readable = (f"{len(longer)} file(s) hold more records than {SCHEMA_FILENAME} promises "
+                        f"({sum(f.num_extra for f in longer)} more; {self.num_good} readable{promised})")
+        elif self.promised is not None:
             readable = f"{self.num_good} of {self.promised} records readable ({SCHEMA_FILENAME} promises " \
                        f"{self.promised})"
         else:
             readable = f"{self.num_good} of the {self.num_records} records found are readable"
-        lines = [f"{readable}: first damage at {self.first_damage.where()}; {len(probs)} problem(s) in "
+        first = "problem" if self.first_damage.kind == "count_mismatch" else "damage"
+        lines = [f"{readable}: first {first} at {self.first_damage.where()}; {len(probs)} problem(s) in "
                  f"{sum(1 for f in self.files if f.problems)} of {len(self.files)} file(s):"]
         lines += [f"  - {p}" for p in probs[:MAX_SHOWN]]
         if len(probs) > MAX_SHOWN:
@@ -386,7 +398,15 @@ def check_file(path: str, schema: Schema, expected_comp, shard=None, decoder=Non
         report.num_records = frame.index + 1
     flush()
     complete = not any(p.fatal_for_file for p in report.problems)
-    if shard is not None and complete and report.num_records != shard.num_records:
+    if shard is not None and complete:
+        report.promised = shard.num_records
+    if shard is not None and complete and report.num_records > shard.num_records:
+        report.problems.append(RecordProblem(
+            path, None, None, "count_mismatch",
+            f"holds more records than schema.json promises: {report.num_records} records where schema.json says "
+            f"{shard.num_records}; schema.json was edited, or the file was rewritten or appended to after writing; "
+            f"re-run the conversion, or correct num_records in schema.json."))
+    elif shard is not None and complete and report.num_records != shard.num_records:
         report.problems.append(RecordProblem(
             path, None, None, "count_mismatch",
             f"holds {report.num_records} records but schema.json says {shard.num_records}; the file was replaced "
