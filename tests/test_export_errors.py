@@ -206,6 +206,22 @@ def test_model_needing_flex_ops_is_refused_naming_them(previous_export):
     assert_untouched(previous_export)
 
 
+def test_tflite_file_failing_at_batch_one_in_a_fresh_interpreter_is_refused(previous_export):
+    # The converter writes this graph so that it runs at batch 32 (and at batch 1 after a resize from another
+    # batch) but a fresh interpreter at the file's own input shape [1, 1] fails in RESHAPE.
+    words = keras.Input((1,), dtype="string")
+    ids = keras.layers.StringLookup(vocabulary=["cat", "dog", "bird"])(words)
+    flat = keras.layers.Flatten(name="flatten")(keras.layers.Embedding(6, 4)(ids))
+    model = keras.Model(words, keras.layers.Dense(3)(flat))
+    text = np.array([["cat"], ["dog"], ["x"], ["bird"]] * 10, dtype=object)
+    with pytest.raises(ExportError, match=r"tflite_float32: the \.tflite file fails in a fresh LiteRT interpreter "
+                       r"at batch 1 \(its input shape \[1, 1\]\) in the RESHAPE op of layer\(s\) \['flatten'\].*"
+                       r"keras\.Input\(shape=\(\), dtype=\"string\"\).*'saved_model'"):
+        export_model(model, previous_export, formats=["keras", "tflite_float32"],
+                     eval_data=(text, np.zeros(40, "int32")), measure_latency=False)
+    assert_untouched(previous_export)
+
+
 def test_flex_ops_when_allowed_are_kept_but_reported_unverified(tmp_path):
     result = export_model(flex_model(), tmp_path / "flex", formats=["tflite_float32"], allow_flex_ops=True)
     (row,) = result.rows

@@ -218,3 +218,22 @@ def test_single_output_declared_as_a_dict_or_list_exports(tmp_path, wrap):
         y, np.asarray(tf.nest.flatten(model.predict(x, verbose=0))[0]))).mean()
     for row in result.rows:
         assert row.verified and row.loss == pytest.approx(expected, rel=1e-4), row
+
+
+def test_string_model_takes_non_ascii_text_encoded_as_utf8(tmp_path):
+    # One string per sample (shape ()), words outside ASCII in the vocabulary and in the data.
+    keras.utils.set_random_seed(0)
+    words = keras.Input((), dtype="string")
+    ids = keras.layers.StringLookup(vocabulary=["cat", "héllo", "日本"])(words)
+    model = keras.Model(words, keras.layers.Dense(3)(keras.layers.Embedding(5, 4)(ids)))
+    text = np.array(["cat", "héllo", "日本", "x", "emoji 🎉"] * 8, dtype=object)
+    result = export_model(model, tmp_path / "utf8", formats=["tflite_float32"], eval_data=(text, np.zeros(40, "int32")))
+    assert result.row("tflite_float32").verified and result.row("tflite_float32").latency_ms > 0
+    # A fresh interpreter at the file's own input shape ([1]) finds "héllo" in the table, as TensorFlow does.
+    interpreter = Interpreter(model_path=str(result.path("tflite_float32")))
+    interpreter.allocate_tensors()
+    interpreter.set_tensor(interpreter.get_input_details()[0]["index"], np.array(["héllo".encode()], dtype=object))
+    interpreter.invoke()
+    np.testing.assert_allclose(interpreter.get_tensor(interpreter.get_output_details()[0]["index"]),
+                               model(tf.constant(["héllo"])).numpy(), atol=1e-5)
+    assert not np.allclose(model(tf.constant(["héllo"])).numpy(), model(tf.constant(["x"])).numpy())

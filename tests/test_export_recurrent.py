@@ -179,3 +179,27 @@ def test_a_tensor_list_loop_outside_keras_rnns_is_retried_with_batch_one(tmp_pat
     # Full int8 would have TFLite's calibrator crash the process on the loop: refused, named.
     with pytest.raises(ExportError, match=r"tflite_int8: layer\(s\) \['smooth'\] run a while loop"):
         export_model(model, tmp_path / "int8", formats=["tflite_int8"], representative_data=x)
+
+
+@pytest.mark.parametrize("recurrent", [keras.layers.LSTM, keras.layers.GRU])
+def test_lstm_and_gru_models_export_to_onnx_matching_keras(tmp_path, recurrent):
+    # TensorFlow's freezing lowers the layer's loop to TensorList ops tf2onnx cannot map; converted with the loop
+    # kept (as Keras's own ONNX export does) they become an ONNX LSTM op or a Loop.
+    onnx = pytest.importorskip("onnx")
+    onnxruntime = pytest.importorskip("onnxruntime")
+    pytest.importorskip("tf2onnx")
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((10, 3)), recurrent(8), keras.layers.Dense(2)])
+    x = np.random.default_rng(0).normal(size=(64, 10, 3)).astype("float32")
+    result = export_model(model, tmp_path / "onnx", formats=["onnx", "onnx_int8"], representative_data=x,
+                          measure_latency=False)
+    assert all(row.verified for row in result.rows), result.table()
+    assert "static int8" in result.row("onnx_int8").notes
+    graph = onnx.load(str(result.path("onnx"))).graph
+    assert [i.name for i in graph.input] == ["inputs:0"]
+    assert not {node.op_type for node in graph.node} & {"TensorListReserve", "TensorListSetItem", "While"}
+    # The file alone, in ONNX Runtime, at batch 1 and batch 7.
+    session = onnxruntime.InferenceSession(str(result.path("onnx")), providers=["CPUExecutionProvider"])
+    for batch in (x[:1], x[:7]):
+        np.testing.assert_allclose(session.run(None, {"inputs:0": batch})[0], model.predict(batch, verbose=0),
+                                   atol=1e-5)

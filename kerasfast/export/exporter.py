@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -508,9 +509,57 @@ def _build_tflite(job: _Job, staging: _Staging, name: str, target: Path) -> _Bui
         row.size_bytes, row.gzip_bytes = artifact_sizes(target)
         row.notes = "uses Flex ops: needs the Flex delegate, so it was not run in ai_edge_litert"
         return row
+    if not runner.fixed_batch:
+        _check_fresh_interpreters(job, name, content)
     notes = _tflite_notes(job, staging, int8_choice)
     return _Built(predict=runner.predict, runner=runner, notes=notes,
                   quantization=None if int8_choice is None else int8_choice.to_dict())
+
+
+def _check_fresh_interpreters(job: _Job, name: str, content: bytes) -> None:
+    """Runs the file in a fresh interpreter at batch 1 (its default input shape) and at the batch `_measure` compares.
+
+    The converter can write a graph whose shapes are right only after the
+    interpreter was resized from another batch (a string input of shape
+    (1,) through StringLookup and Embedding fails at batch 1 in RESHAPE),
+    so one interpreter reused across batch sizes can hide it.
+    """
+    comparison, reference = job.comparison, job.tflite_reference
+    allowed = _allowed_diff(name, reference)
+    for batch in sorted({1, min(32, len(comparison))}):
+        try:
+            outputs = LiteRTModel(content).predict(comparison[:batch], batch_size=batch)
+        except ExportError as error:
+            problem = str(error)
+        else:
+            if outputs.shape != reference[:batch].shape or not np.all(np.isfinite(outputs)):
+                problem = f"outputs of shape {outputs.shape} where Keras returns {reference[:batch].shape}"
+            elif float(np.max(np.abs(outputs - reference[:batch]))) > allowed:
+                difference = float(np.max(np.abs(outputs - reference[:batch])))
+                problem = f"outputs differ from the Keras model's by up to {difference:.3g} (allowed {allowed:.3g})"
+            else:
+                continue
+        raise ExportError(_fresh_interpreter_message(job, name, content, batch, problem))
+
+
+def _fresh_interpreter_message(job: _Job, name: str, content: bytes, batch: int, problem: str) -> str:
+    match = re.search(r"\((\w+)\) failed to (?:invoke|prepare)", problem)
+    op = match.group(1) if match else None
+    layers = LiteRTModel(content).layers_with_op(op, _layer_names(job.model)) if op else []
+    where = f"the {op} op" + (f" of layer(s) {layers}" if layers else "") if op else "it"
+    if job.signature.takes_strings and 1 in job.signature.input_shape:
+        fix = ("declare the text input as one string per sample, keras.Input(shape=(), dtype=\"string\") "
+               "(no layer then reshapes the looked-up ids)")
+    else:
+        fix = (f"rewrite {'layer(s) ' + str(layers) if layers else 'the layer at fault'} (e.g. Flatten or Reshape "
+               "as GlobalAveragePooling1D/2D, or a slice such as x[:, 0])")
+    return (
+        f"{name}: the .tflite file fails in a fresh LiteRT interpreter at batch {batch} (its input shape "
+        f"{[batch, *job.signature.input_shape]}) in {where}: {problem.strip()[:400]} The TFLite converter wrote "
+        "a graph that runs only at some batch sizes (Keras's model.export(format=\"litert\") writes the same "
+        f"file), so it was not kept. To fix it, {fix}, then export again; or serve the 'saved_model' "
+        "artifact, which takes any batch."
+    )
 
 
 def _report_context(job: _Job, staging: _Staging) -> dict:

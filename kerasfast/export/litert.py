@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
@@ -18,6 +19,20 @@ def _interpreter_class():
             "Verifying .tflite files needs the LiteRT interpreter: pip install 'ai-edge-litert>=2.0'."
         ) from error
     return Interpreter
+
+
+def utf8_strings(x) -> np.ndarray:
+    """Text as an object array of bytes, str encoded as UTF-8 (as TensorFlow encodes it).
+
+    NumPy's `astype(np.bytes_)` encodes ASCII only, so "héllo" would fail.
+    """
+    x = np.asarray(x)
+    if x.dtype.kind == "S":
+        return x.astype(object)
+    encoded = [value.encode("utf-8") if isinstance(value, str) else value for value in x.ravel().tolist()]
+    out = np.empty(len(encoded), dtype=object)
+    out[:] = encoded
+    return out.reshape(x.shape)
 
 
 class LiteRTModel:
@@ -64,6 +79,21 @@ class LiteRTModel:
     def output_details(self):
         return self._interpreter.get_output_details()[0]
 
+    def layers_with_op(self, op: str, known_layer_names) -> list[str]:
+        """Layers (of `known_layer_names`) whose tensors name TFLite op `op` (e.g. "RESHAPE" -> ".../Reshape")."""
+        from kerasfast.export.tflite import _layer_name
+
+        wanted = op.replace("_", "").lower()
+        layers = set()
+        for details in self._interpreter.get_tensor_details():
+            for name in details["name"].split(";"):
+                parts = name.split("/")
+                if len(parts) >= 3 and re.sub(r"_?\d+$", "", parts[-1]).lower() == wanted:
+                    layer = _layer_name(parts[1], set(known_layer_names))
+                    if layer in known_layer_names:
+                        layers.add(layer)
+        return sorted(layers)
+
     def _resize(self, sample_shape, batch):
         """Sizes the input for `batch` samples of `sample_shape`.
 
@@ -100,6 +130,8 @@ class LiteRTModel:
             scale, zero_point = details["quantization"]
             info = np.iinfo(details["dtype"])
             return np.clip(np.round(x / scale + zero_point), info.min, info.max).astype(details["dtype"])
+        if np.dtype(details["dtype"]).kind in ("S", "O"):
+            return utf8_strings(x)
         return x.astype(details["dtype"])
 
     def _dequantize_output(self, y):
@@ -136,6 +168,7 @@ class LiteRTModel:
     def latency_ms_per_sample(self, sample: np.ndarray, *, warmup: int = 5, min_runs: int = 30, budget_s: float = 0.5):
         """Median milliseconds of one batch-1 invocation (per sample of a larger fixed batch)."""
         batch = self.fixed_batch or 1
+        sample = np.asarray(sample)  # one sample of a scalar string input is a bare str
         self._resize(sample.shape, batch)
         quantized = self._quantize_input(np.repeat(sample[None, ...], batch, axis=0))
         index = self.input_details["index"]

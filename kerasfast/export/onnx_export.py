@@ -7,7 +7,12 @@
   `Normalization(mean=..., variance=...)`) as extra graph inputs nothing
   feeds; TensorFlow's own freezing folds them in. Ops tf2onnx lacks but ONNX
   can express exactly are taught to it (`_add_missing_handlers`: `Erfc`, from
-  exact GELU). kerasfast checks the result before ONNX Runtime sees it:
+  exact GELU). TensorFlow's freezing lowers a recurrent layer's loop
+  (LSTM, GRU) to TF1 loop primitives around TensorList ops, which tf2onnx
+  cannot map; such a graph is converted again frozen the way tf2onnx
+  freezes it (loops kept as functions: an ONNX `LSTM` op or a `Loop`), with
+  only the model input as input. kerasfast checks the result before ONNX
+  Runtime sees it:
   tf2onnx does not fail on a TensorFlow op it has no ONNX mapping for, it
   logs an error and writes the TensorFlow op into the graph, giving a file
   no runtime can load. Such ops are named, with the layer they come from,
@@ -101,20 +106,35 @@ def unsupported_ops(model_proto, known_layer_names=()) -> tuple[list[str], list[
     return sorted(ops), sorted(layers)
 
 
-def _convert(model, target: Path) -> None:
-    """Traces, freezes (TensorFlow's own freezing, which folds captured
-    constants) and converts `model` with tf2onnx."""
+def _convert(model, target: Path, keep_control_flow: bool = False) -> None:
+    """Traces, freezes and converts `model` with tf2onnx.
+
+    By default with TensorFlow's own freezing, which folds captured constants
+    and lowers control flow to TF1 loop primitives. With `keep_control_flow`,
+    frozen as tf2onnx's `from_function` (Keras's `model.export(format="onnx")`)
+    freezes it: `While`/`If` kept as functions, which tf2onnx's LSTM/GRU
+    rewriters and its Loop conversion understand; only the model input is
+    named an input, so captured constants are folded, not left unfed.
+    """
     import tensorflow as tf
     import tf2onnx
+    from tf2onnx import tf_loader
 
     _compat.patch_tf2onnx()
     (model_input,) = model.inputs
     spec = tf.TensorSpec((None, *model_input.shape[1:]), model_input.dtype, name="inputs")
     traced = tf.function(lambda inputs: model(inputs, training=False), input_signature=[spec])
-    frozen = _compat.freeze(traced.get_concrete_function())
-    tf2onnx.convert.from_graph_def(
-        frozen.graph.as_graph_def(), input_names=[t.name for t in frozen.inputs],
-        output_names=[t.name for t in frozen.outputs], output_path=str(target))
+    concrete = traced.get_concrete_function()
+    if keep_control_flow:
+        input_names = [concrete.inputs[0].name]
+        output_names = [t.name for t in concrete.outputs]
+        graph_def = tf_loader.from_function(concrete, input_names, output_names)
+    else:
+        frozen = _compat.freeze(concrete)
+        graph_def = frozen.graph.as_graph_def()
+        input_names, output_names = [t.name for t in frozen.inputs], [t.name for t in frozen.outputs]
+    tf2onnx.convert.from_graph_def(graph_def, input_names=input_names, output_names=output_names,
+                                   output_path=str(target))
 
 
 _HANDLERS_ADDED = []
@@ -146,21 +166,14 @@ def _add_missing_handlers() -> None:
     _HANDLERS_ADDED.append(Erfc)
 
 
-def export_onnx(model, target: Path, known_layer_names=()) -> None:
-    """Writes `model` (float32, one input) as ONNX to `target` via tf2onnx.
-
-    Raises:
-        ExportError: naming the TensorFlow ops (and their layers) ONNX cannot
-            express, or with the first line of the converter's error.
-    """
-    import onnx
-
-    check_available()
-    _add_missing_handlers()
-    tf2onnx_logger = logging.getLogger("tf2onnx")
-    previous_level = tf2onnx_logger.level
-    # tf2onnx logs each op it cannot map (with a traceback); the error below names them.
+def _convert_quietly(model, target: Path, keep_control_flow: bool = False) -> None:
+    """`_convert`, with tf2onnx's logging and chatter kept out of the user's output."""
+    tf2onnx_logger, tf_logger = logging.getLogger("tf2onnx"), logging.getLogger("tensorflow")
+    previous_levels = tf2onnx_logger.level, tf_logger.level
+    # tf2onnx logs each op it cannot map (with a traceback); the error below
+    # names them. Its freezing calls TF1 functions TensorFlow logs as deprecated.
     tf2onnx_logger.setLevel(logging.CRITICAL)
+    tf_logger.setLevel(max(tf_logger.getEffectiveLevel(), logging.ERROR))
     # Importing tf2onnx.convert sets TF_CPP_MIN_LOG_LEVEL=3 for the whole
     # process; the user's (or kerasfast's) value is put back afterwards.
     log_level = os.environ.get("TF_CPP_MIN_LOG_LEVEL")
@@ -170,18 +183,60 @@ def export_onnx(model, target: Path, known_layer_names=()) -> None:
         with filtered_stderr(), warnings.catch_warnings():
             # Keras's tf2onnx numpy-2 patch touches np.object (a FutureWarning).
             warnings.simplefilter("ignore", FutureWarning)
-            _convert(model, target)
+            _convert(model, target, keep_control_flow)
     except Exception as error:
         first = (str(error).strip().splitlines() or [type(error).__name__])[0][:500]
         raise ExportError(f"ONNX conversion (tf2onnx) failed: {first}") from error
     finally:
-        tf2onnx_logger.setLevel(previous_level)
+        tf2onnx_logger.setLevel(previous_levels[0])
+        tf_logger.setLevel(previous_levels[1])
         if log_level is None:
             os.environ.pop("TF_CPP_MIN_LOG_LEVEL", None)
         else:
             os.environ["TF_CPP_MIN_LOG_LEVEL"] = log_level
+
+
+def _retry_keeping_control_flow(model, target: Path, known_layer_names) -> bool:
+    """Converts again with control flow kept as functions (see `_convert`);
+    True, with `target` replaced, when that file has only ONNX ops.
+
+    TensorFlow's freezing lowers a recurrent layer's `While` loop to TF1
+    loop primitives around TensorList ops, a pattern tf2onnx cannot map;
+    kept as a function, tf2onnx writes an ONNX LSTM op or a Loop.
+    """
+    import onnx
+
+    retry = target.with_name(f".{target.name}.control-flow")
+    try:
+        _convert_quietly(model, retry, keep_control_flow=True)
+        if unsupported_ops(onnx.load(str(retry)), known_layer_names)[0]:
+            return False
+        os.replace(retry, target)
+        return True
+    except ExportError:
+        return False
+    finally:
+        retry.unlink(missing_ok=True)
+
+
+def export_onnx(model, target: Path, known_layer_names=()) -> None:
+    """Writes `model` (float32, one input) as ONNX to `target` via tf2onnx.
+
+    A graph whose frozen form holds ops ONNX cannot express (the TensorList
+    ops of a recurrent layer's loop) is converted again with its control
+    flow kept, as Keras's own ONNX export does (see `_convert`).
+
+    Raises:
+        ExportError: naming the TensorFlow ops (and their layers) ONNX cannot
+            express, or with the first line of the converter's error.
+    """
+    import onnx
+
+    check_available()
+    _add_missing_handlers()
+    _convert_quietly(model, target)
     ops, layers = unsupported_ops(onnx.load(str(target)), known_layer_names)
-    if ops:
+    if ops and not _retry_keeping_control_flow(model, target, known_layer_names):
         where = f" (in layer(s) {layers})" if layers else ""
         raise ExportError(
             f"ONNX cannot express the TensorFlow op(s) {ops}{where}: tf2onnx has no ONNX mapping for them. "
