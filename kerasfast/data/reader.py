@@ -372,7 +372,8 @@ def tfrecord_dataset(
 
     promised = _promised_counts(sharding.files, resolved.expected, checked)
     records = _read_stage(sharding, checked, settings, request.seed, promised)
-    ds = _parse_stage(_batch_stage(records, request), request, settings, elements, sharding.files, promised)
+    ds = _parse_stage(_batch_stage(records, request), request, settings, elements, sharding.files,
+                      promised is not None)
     if sharding.num_workers > 1:
         # Sharded here already; a tf.distribute strategy must not shard again.
         options = tf.data.Options()
@@ -731,14 +732,12 @@ def _batch_stage(records, request: _Request):
 
 
 def _parse_stage(batches, request: _Request, settings: PipelineSettings, elements: _Elements, files: list,
-                 promised: list | None):
+                 check_counts: bool):
     """Parses and decodes batches of `(record ids, records)` of `files` in parallel into model inputs, and
     prefetches them.
 
-    With `promised` (the records schema.json promises for each of `files`), a
-    batch holding a short file's padding raises the error the padding carries
-    (see `SHORT_FILE_MARK`), and one holding a record beyond its file's
-    promised count raises that the file holds more.
+    With `check_counts`, a batch holding a short file's padding raises the
+    error the padding carries (see `SHORT_FILE_MARK`).
     """
     import tensorflow as tf
 
@@ -746,11 +745,10 @@ def _parse_stage(batches, request: _Request, settings: PipelineSettings, element
     label_name, input_names = elements.label, elements.input_names
 
     file_names = tf.constant(files or [""])
-    promised_counts = tf.constant(promised, dtype=tf.int64) if promised is not None else None
 
     def decode_batch(ids, serialized):
-        if promised_counts is not None:
-            serialized = _raise_on_short_files(ids, serialized, promised_counts, file_names)
+        if check_counts:
+            serialized = _raise_on_short_files(ids, serialized)
         if drop_remainder:
             # rebatch() loses the static batch size that drop_remainder promises; restore it.
             serialized = tf.ensure_shape(serialized, [batch_size])
@@ -777,14 +775,11 @@ def _record_names(file_names, ids):
                             tf.strings.as_string(ids % RECORD_ID_STRIDE)])
 
 
-def _raise_on_short_files(ids, serialized, promised=None, file_names=None):
+def _raise_on_short_files(ids, serialized):
     """`serialized` (a batch of records numbered `ids`), after an assertion that none is a short file's
-    padding and, given `promised` (records per file index) and `file_names`, that none lies beyond its
-    file's promised count (`_counted_records` reads one record more than promised)."""
+    padding."""
     import tensorflow as tf
 
-    if promised is not None:
-        serialized = _raise_on_long_files(ids, serialized, promised, file_names)
     padding = tf.strings.substr(serialized, 0, len(SHORT_FILE_MARK)) == SHORT_FILE_MARK
 
     def short():  # built only when a file is short
@@ -797,29 +792,6 @@ def _raise_on_short_files(ids, serialized, promised=None, file_names=None):
             return tf.identity(serialized)
 
     return tf.cond(tf.reduce_any(padding), short, lambda: serialized)
-
-
-def _raise_on_long_files(ids, serialized, promised, file_names):
-    """`serialized`, after an assertion that no record of the batch lies beyond its file's promised count."""
-    import tensorflow as tf
-
-    file_index = ids // RECORD_ID_STRIDE
-    limit = tf.gather(promised, file_index)
-    beyond = ids % RECORD_ID_STRIDE >= limit
-
-    def long():  # built only when a file holds more records than promised
-        first = tf.argmax(tf.cast(beyond, tf.int32))
-        path, count = file_names[file_index[first]], tf.strings.as_string(limit[first])
-        message = tf.strings.join([
-            "DataError: ", path, " holds more records than schema.json promises for it: ",
-            tf.strings.as_string(limit[first] + 1), " read where ", count, " are promised; schema.json "
-            "was edited, or the file was rewritten or appended to after writing, and its "
-            "extra records would be left out without a word. Write the dataset again, or correct num_records "
-            "in schema.json (kerasfast.data.check_tfrecords(", path, ") counts every file's records)."])
-        with tf.control_dependencies([tf.debugging.Assert(False, [message], summarize=1)]):
-            return tf.identity(serialized)
-
-    return tf.cond(tf.reduce_any(beyond), long, lambda: serialized)
 
 
 def _short_file_message(path, promised):
@@ -955,9 +927,8 @@ def _interleaved_records(files, indices, bad, comps, settings: PipelineSettings,
 
 
 def _counted_records(path, records, first_id, count, read_block: int):
-    """`(record id, record)` of one file's `records`, `count` of them, in blocks of `read_block`: a file read
-    short is padded with records carrying its error (see `SHORT_FILE_MARK`); of a file holding more, record
-    `count` comes too, for the batch decoder to raise on (see `_raise_on_long_files`)."""
+    """`(record id, record)` of one file's `records`, exactly `count` of them: a file read short is padded
+    with records carrying its error (see `SHORT_FILE_MARK`), in blocks of `read_block`."""
     import tensorflow as tf
 
     # TensorFlow's error for a damaged record (a CRC mismatch, a truncated
@@ -968,27 +939,14 @@ def _counted_records(path, records, first_id, count, read_block: int):
     # byte, unguarded, fails there instead, named by TensorFlow.
     opened = tf.data.FixedLengthRecordDataset(path, 1, buffer_size=1).take(1).filter(lambda _: False)
     message = _short_file_message(path, count)
-    padding = tf.data.Dataset.range(count + 1).map(
+    padding = tf.data.Dataset.range(count).map(
         lambda k: tf.strings.join([SHORT_FILE_MARK, tf.strings.as_string(k), ":", message]))
-    # One record more than promised is read: a file holding more than schema.json promises (an edited
-    # schema.json, an appended file) would otherwise lose its extra records without a word. In a whole or
-    # short file that place holds padding, which is dropped.
-    counted = opened.concatenate(records.ignore_errors()).concatenate(padding).take(count + 1)
-    # `count + 1` records: their ids are a range, paired block by block (cheaper than one by one).
-    ids = tf.data.Dataset.range(first_id, first_id + count + 1)
-    end = first_id + count
-
-    def not_end_padding(record_ids, serialized):
-        return tf.logical_or(record_ids < end,
-                             tf.strings.substr(serialized, 0, len(SHORT_FILE_MARK)) != SHORT_FILE_MARK)
-
+    counted = opened.concatenate(records.ignore_errors()).concatenate(padding).take(count)
+    # Exactly `count` records: their ids are a range, paired block by block (cheaper than one by one).
+    ids = tf.data.Dataset.range(first_id, first_id + count)
     if read_block > 1:
-        def drop_end_padding(record_ids, serialized):
-            keep = not_end_padding(record_ids, serialized)
-            return tf.boolean_mask(record_ids, keep), tf.boolean_mask(serialized, keep)
-
-        return tf.data.Dataset.zip(ids.batch(read_block), counted.batch(read_block)).map(drop_end_padding)
-    return tf.data.Dataset.zip(ids, counted).filter(not_end_padding)
+        return tf.data.Dataset.zip(ids.batch(read_block), counted.batch(read_block))
+    return tf.data.Dataset.zip(ids, counted)
 
 
 def _salvaged_records(reports, indices, settings: PipelineSettings):
