@@ -30,7 +30,7 @@ What happens then is `on_nan`:
 The last good state is a copy in host memory taken every
 `snapshot_every_steps` steps and at the end of every epoch, at an update
 boundary, after an execution that was itself good. A callback that changes
-the model's non-trainable variables between epochs (an auxiliary loss's
+the model's small non-trainable variables between epochs (an auxiliary loss's
 weight switched on, a schedule kept in a variable) changes what the loss
 measures: the spike check then starts again from the new level, and the
 state after the callback's change is the last good one, so a rollback never
@@ -70,6 +70,10 @@ SPIKE_PERSISTENCE = 3
 # Executions seen before the spike check starts (early losses fall fast).
 SPIKE_WARMUP = 20
 RECOVERY_LR_FACTOR = 0.5
+# Callbacks steer training through small non-trainable variables (a loss
+# term's weight, a temperature); larger ones are frozen weights (a
+# pretrained base), not read at every epoch end.
+STEERING_VARIABLE_MAX_SIZE = 4096
 
 
 def check_finite(structure, what: str = "x") -> None:
@@ -287,7 +291,8 @@ class DivergenceGuard(keras.callbacks.Callback):
         self._diverged(problem, logs or {})
 
     def _non_trainable_values(self):
-        return [np.array(keras.ops.convert_to_numpy(v)) for v in self.model.non_trainable_variables]
+        return [np.array(keras.ops.convert_to_numpy(v)) for v in self.model.non_trainable_variables
+                if math.prod(v.shape) <= STEERING_VARIABLE_MAX_SIZE]
 
     # -- detection and response ----------------------------------------------
 
