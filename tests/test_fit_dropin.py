@@ -1188,6 +1188,14 @@ def test_validation_data_that_cannot_work_is_refused_before_any_step(validation_
     assert batches.seen == 0
 
 
+def test_validation_data_of_a_model_built_by_a_function_is_checked_against_the_built_model():
+    batches = _Batches()
+    with pytest.raises(kerasfast.DataError, match=_VALIDATION_WIDTH):
+        kerasfast.fit(_model, X, Y, batch_size=20, epochs=2, validation_data=(X[:, :5], Y), callbacks=[batches],
+                      tune="off", run_dir=False, verbose=0)
+    assert batches.seen == 0
+
+
 def test_validation_data_whose_dataset_shape_is_unknown_still_trains():
     """Dimensions a dataset's element_spec leaves unknown are not checked before it is read."""
     unknown = tf.data.Dataset.from_tensor_slices((X, Y)).batch(20).map(

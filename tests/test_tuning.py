@@ -152,6 +152,7 @@ def test_overrides_are_kept_and_tune_off_measures_nothing():
     result = kerasfast.fit(_mlp(), x, y, tune="auto", tune_budget_s=5, precision="float32", **FIT)
     assert {row["precision"] for row in result.plan.tuning} == {"float32"}
     assert kerasfast.fit(_mlp(), x, y, tune="off", **FIT).plan.tuning == ()
+    assert kerasfast.fit(_mlp(), x, y, tune=False, tune_budget_s=5, **FIT).plan.tuning == ()  # as run_dir=False
 
 
 def test_a_short_run_is_not_tuned_on_auto():

@@ -219,7 +219,7 @@ def fit(
             (within 10% of its estimated time, at most 60 s) and keeps the
             fastest whose loss agrees with float32's; the choice is cached
             on disk. "full" tries every candidate whatever the cost; "off"
-            keeps the rule-based plan.
+            (or False) keeps the rule-based plan.
         tune_budget_s: Seconds tuning may take (overrides the 10% rule).
         save_model_file: Save the trained model as `model.keras` in the run folder.
         tensorboard: Write TensorBoard logs into `run_dir/tensorboard` with
@@ -267,6 +267,8 @@ def fit(
     >>> len(result.history.history["val_loss"]), result.throughput.samples_per_second > 0
     (3, True)
     """
+    if tune is False:  # as run_dir=False: the feature off
+        tune = "off"
     given = dict(locals())  # fit's arguments, by name
     run = Run(model, _arguments(model, x, data, given, options), _feed(given, x, data))
     facts.start(run)

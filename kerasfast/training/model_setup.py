@@ -11,7 +11,7 @@ from kerasfast import _compat
 from kerasfast.distribute.strategy import scope_of
 from kerasfast.errors import PlanError
 from kerasfast.training import facts, optimizers
-from kerasfast.training.inputs import check_inputs_match
+from kerasfast.training.inputs import check_inputs_match, check_validation_data
 from kerasfast.training.models import copy_optimizer_state, prepare_model
 from kerasfast.training.run import Run
 
@@ -27,6 +27,9 @@ def prepare(run: Run) -> None:
     prepared = run.prepared = prepare_model(model, sample_inputs, strategy=run.strategy, own_steps=own_steps)
     if _compat.overridden_step(prepared.train_model, "train_step") is None:
         check_inputs_match(prepared.train_model, sample_inputs)
+    if not isinstance(model, keras.Model) and run.validation:
+        # Built by the user's function only now: its validation inputs are checked as a model's are in `feed`.
+        check_validation_data(run.validation.get("validation_data"), prepared.train_model)
     # A rebuilt copy is compiled like the user's model: the facts (compile settings included) are the user's.
     run.model_facts = facts.model_facts(prepared.user_model if prepared.rebuilt else prepared.train_model,
                                         run.train_data, run.args.optimizer)
