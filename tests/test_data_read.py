@@ -121,6 +121,23 @@ def test_unshuffled_streamed_source_reads_record_by_record(tmp_path):
     assert "not shuffled when written" in info.settings.reasons["read_block"]
 
 
+@pytest.mark.parametrize("validate", ["quick", "full", "none"])
+def test_shuffle_false_reads_records_in_the_order_they_were_written(tmp_path, validate):
+    # 101 records dealt out to 4 shards in turn: a model's predictions line up with the source's rows.
+    x = np.arange(101, dtype=np.float32).reshape(101, 1)
+    kd.write_tfrecords((x, np.arange(101)), tmp_path / "ds", shards=4, shuffle=False)
+    ds = kd.tfrecord_dataset(tmp_path / "ds", batch_size=8, shuffle=False, validate=validate)
+    assert labels_of(ds) == list(range(101))
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1, kernel_initializer="ones")])
+    np.testing.assert_array_equal(model.predict(ds, verbose=0)[:, 0], x[:, 0])
+    assert "the order write_tfrecords wrote them in" in ds.kerasfast_info.settings.reasons["cycle_length"]
+    # The same shards without schema.json, read as plain TFRecord files: one file after another.
+    files = sorted(str(p) for p in (tmp_path / "ds").glob("*.tfrecord"))
+    spec = {"x": tf.io.FixedLenFeature([], tf.string), "y": tf.io.FixedLenFeature([], tf.int64)}  # x raw bytes
+    plain = kd.tfrecord_dataset(files, batch_size=8, shuffle=False, features=spec, label="y", validate=validate)
+    assert labels_of(plain) == [i for shard in range(4) for i in range(shard, 101, 4)]
+
+
 def test_images_of_different_sizes_need_image_size(tmp_path):
     def gen():
         for i, (h, w) in enumerate([(4, 6), (8, 5), (6, 6)]):

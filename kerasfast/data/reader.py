@@ -39,6 +39,11 @@ UNKNOWN_RECORD_BYTES = 1024
 # Records taken from one file at a time when that costs no randomness: it cuts
 # tf.data's per-element overhead in interleave and shuffle ~16-fold.
 DEFAULT_READ_BLOCK = 16
+# With shuffle=False, records come in the order `write_tfrecords` wrote them,
+# which deals them out round-robin over its shards: every shard is open at once
+# and gives one record in turn. Beyond this many files (each with its read
+# buffer and file handle open) the order is given up for blocks of a few files.
+MAX_ORDERED_FILES = 256
 # A file that ends before the records schema.json promises is padded with
 # records starting with this mark, each holding the error to raise, and the
 # batch decoder raises it. A serialized tf.train.Example cannot start with a
@@ -559,9 +564,14 @@ _AUTOTUNED = (
 def _resolve_auto(request: _Request, sharding: _Sharding, resolved, worker_records) -> tuple:
     """`(request, reasons)`: every setting left unset chosen, with its reason; the ones given checked."""
     reasons = {"sharding": sharding.reason}
+    written_in_turn = _written_in_turn(resolved, sharding.files)
+    cycle_length = _cycle_length(request, sharding.files, written_in_turn)
+    # Read in turn only when the cycle is the default one over all files: a given cycle_length is kept as given.
+    in_turn = (written_in_turn and not request.shuffle and request.cycle_length is None
+               and cycle_length[0] == len(sharding.files))
     chosen = {
-        "cycle_length": _cycle_length(request, sharding.files),
-        "read_block": _read_block(request, sharding.mode, resolved.schema),
+        "cycle_length": cycle_length,
+        "read_block": _read_block(request, sharding.mode, resolved.schema, in_turn),
         "deterministic": _deterministic(request, sharding.mode),
         "shuffle_buffer": _shuffle_buffer(request, resolved, worker_records),
     }
@@ -576,21 +586,41 @@ def _resolve_auto(request: _Request, sharding: _Sharding, resolved, worker_recor
     return dataclasses.replace(request, **{name: value for name, (value, _) in chosen.items()}), reasons
 
 
-def _cycle_length(request: _Request, files: list) -> tuple:
+def _cycle_length(request: _Request, files: list, written_in_turn: bool) -> tuple:
     """`(value, reason)` of the number of files read at once; reason None when given."""
     if request.cycle_length is not None:
         return request.cycle_length, None
+    if not request.shuffle and len(files) > 1:
+        if not written_in_turn:
+            return 1, "shuffle=False: one file after another, in the order given"
+        if len(files) <= MAX_ORDERED_FILES:
+            return len(files), ("shuffle=False: all files at once, one record from each in turn, the order "
+                                "write_tfrecords wrote them in")
     cpu = os.cpu_count() or 1
-    return (max(1, min(len(files), max(4, cpu))),
-            f"one open file per CPU core ({cpu}), at least 4, at most the {len(files)} file(s)")
+    reason = f"one open file per CPU core ({cpu}), at least 4, at most the {len(files)} file(s)"
+    if not request.shuffle and len(files) > 1:
+        reason += (f"; with more than {MAX_ORDERED_FILES} files the records do not come in the order they "
+                   "were written (pass cycle_length=len(files) and read_block=1 for that order)")
+    return max(1, min(len(files), max(4, cpu))), reason
 
 
-def _read_block(request: _Request, sharding: str, schema: Schema) -> tuple:
-    """`(value, reason)` of the records taken from one file at a time; reason None when given."""
+def _written_in_turn(resolved, files: list) -> bool:
+    """Whether `files` are shards `write_tfrecords` dealt records out to in turn (schema.json lists them)."""
+    expected = resolved.expected or {}
+    return len(files) > 1 and all(os.path.abspath(f) in expected for f in files)
+
+
+def _read_block(request: _Request, sharding: str, schema: Schema, in_turn: bool) -> tuple:
+    """`(value, reason)` of the records taken from one file at a time; reason None when given.
+
+    `in_turn`: the files are read one record from each in turn (`_cycle_length`).
+    """
     read_block = request.read_block
     if read_block is None:
         if sharding == "data":
             return 1, "data sharding splits records exactly, one at a time"
+        if in_turn:
+            return 1, "shuffle=False: one record from each file in turn, the order they were written in"
         if not request.shuffle or schema.shuffled:
             return DEFAULT_READ_BLOCK, (
                 "records were shuffled when written, so neighbours are unrelated: blocks of "
@@ -611,7 +641,7 @@ def _deterministic(request: _Request, sharding: str) -> tuple:
         return seed is not None or sharding == "data" or not shuffle, (
             "data sharding needs the same record order on every worker" if sharding == "data" else
             "a seed was given: reproducible order" if seed is not None else
-            "shuffle=False: records in file order" if not shuffle else
+            "shuffle=False: records in a fixed order" if not shuffle else
             "order may vary between runs: faster, elements are not held back for a slow file")
     if sharding == "data" and not request.deterministic:
         raise DataError("deterministic=False with data sharding would give workers overlapping records; "
