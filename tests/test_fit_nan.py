@@ -386,6 +386,39 @@ def test_a_callback_switching_on_a_loss_term_trains_on_as_keras_does():
     assert float(kerasfast_model.get_layer("auxiliary").weight_of_term.numpy()) == 1.0
 
 
+@pytest.mark.parametrize("hook", ["on_epoch_end", "on_epoch_begin"])
+@pytest.mark.parametrize("start_trainable", [True, False])
+def test_a_callback_freezing_or_unfreezing_a_layer_trains_on_as_keras_does(hook, start_trainable):
+    # Fine-tuning's freeze/unfreeze from a callback moves the layer's variables between the trainable and
+    # the non-trainable ones; Keras keeps the traced step, and so does kerasfast.
+    x, y = _regression(n=256)
+
+    class Toggle(keras.callbacks.Callback):
+        pass
+
+    def toggle(callback, epoch, logs=None):
+        if epoch == (0 if hook == "on_epoch_end" else 1):
+            callback.model.layers[0].trainable = not start_trainable
+
+    setattr(Toggle, hook, toggle)
+
+    def model():
+        built = _model()
+        built.layers[0].trainable = start_trainable
+        built.compile(loss="mse", optimizer=keras.optimizers.SGD(0.01), steps_per_execution=1)
+        return built
+
+    keras_model, kerasfast_model = model(), model()
+    expected = keras_model.fit(x, y, batch_size=32, epochs=3, shuffle=False, verbose=0, callbacks=[Toggle()])
+    result = kerasfast.fit(kerasfast_model, x, y, batch_size=32, epochs=3, shuffle=False, callbacks=[Toggle()],
+                           steps_per_execution=1, tune="off", run_dir=False, verbose=0)
+    assert result.recoveries == []
+    assert kerasfast_model.layers[0].trainable is (not start_trainable)
+    np.testing.assert_allclose(result.history.history["loss"], expected.history["loss"], rtol=1e-5)
+    for got, want in zip(kerasfast_model.get_weights(), keras_model.get_weights(), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_a_rollback_goes_back_to_the_last_epoch_end_at_most(capsys):
     x, y = _regression(n=320)  # 10 batches an epoch; the backup interval is longer than the run
     poisoned = np.concatenate([x, x, x.copy()])

@@ -237,10 +237,11 @@ class DivergenceGuard(keras.callbacks.Callback):
         # on_epoch_begin (this one may run before theirs).
         if self.on_nan == "ignore" or self._steps != 0 or self._fixed_state is None:
             return
-        if not all(np.array_equal(before, now, equal_nan=True)
-                   for before, now in zip(self._fixed_state, self._non_trainable_values(), strict=True)):
-            # A callback changed what the loss measures: a new level, and a
-            # new last good state that keeps the change.
+        now = self._non_trainable_values()
+        if now.keys() != self._fixed_state.keys() or not all(
+                np.array_equal(before, now[key], equal_nan=True) for key, before in self._fixed_state.items()):
+            # A callback changed what the loss measures (or froze or unfroze
+            # layers): a new level, and a new last good state that keeps it.
             self._recent.clear()
             self._jumps, self._start_level = [], None
             self._take_snapshot()
@@ -290,9 +291,11 @@ class DivergenceGuard(keras.callbacks.Callback):
             return
         self._diverged(problem, logs or {})
 
-    def _non_trainable_values(self):
-        return [np.array(keras.ops.convert_to_numpy(v)) for v in self.model.non_trainable_variables
-                if math.prod(v.shape) <= STEERING_VARIABLE_MAX_SIZE]
+    def _non_trainable_values(self) -> dict:
+        """`{id: value}` of the model's small non-trainable variables; by identity, since a callback that
+        freezes or unfreezes a layer moves its variables between the trainable and the non-trainable ones."""
+        return {id(v): np.array(keras.ops.convert_to_numpy(v)) for v in self.model.non_trainable_variables
+                if math.prod(v.shape) <= STEERING_VARIABLE_MAX_SIZE}
 
     # -- detection and response ----------------------------------------------
 
