@@ -195,6 +195,27 @@ def test_a_run_resumed_mid_epoch_is_one_training_session_to_callbacks(digits, tm
     assert len(result.history.history["loss"]) == 3
 
 
+def test_a_run_that_trained_every_epoch_and_then_raised_is_still_one_session_to_callbacks_when_run_again(
+        digits, tmp_path):
+    # A callback failing in on_train_end after the last epoch's backup: the next call finds nothing left to
+    # train, and its callbacks still get on_train_begin and on_train_end, as under Keras's BackupAndRestore.
+    (x, y), _ = digits
+    x, y = x[:320].reshape(320, 64), y[:320]
+
+    class _FailAtTheEnd(keras.callbacks.Callback):
+        def on_train_end(self, logs=None):
+            raise RuntimeError("failed in on_train_end")
+
+    options = dict(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), epochs=2, batch_size=32,
+                   run_dir=tmp_path, verbose=0)
+    with pytest.raises(RuntimeError, match="failed in on_train_end"):
+        kerasfast.fit(_model(), (x, y), callbacks=[_FailAtTheEnd()], **options)
+    session = _Session()
+    result = kerasfast.fit(_model(), (x, y), callbacks=[session], **options)
+    assert session.hooks == ["begin", "end"]
+    assert len(result.history.history["loss"]) == 2
+
+
 def test_a_backup_from_another_model_is_refused(digits, tmp_path):
     (x, y), _ = digits
     x = x.reshape(len(x), 64)

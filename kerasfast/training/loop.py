@@ -231,8 +231,10 @@ def run_epochs(model, stream_from, *, plan, epochs: int, callbacks: list, verbos
     if step:
         phases.append((epoch, epoch + 1, steps - step, step))
         epoch += 1
-    if epoch < epochs:
-        phases.append((epoch, epochs, steps, 0))
+    if epoch < epochs or not phases:
+        # A resumed run with no epoch left still is a training session to callbacks (on_train_begin and
+        # on_train_end once), as model.fit with Keras's BackupAndRestore is.
+        phases.append((epoch, max(epoch, epochs), steps, 0))
     histories = []
     earlier = dict(progress.history) if progress else {}
     for index, (first_epoch, last_epoch, phase_steps, first_step) in enumerate(phases):
