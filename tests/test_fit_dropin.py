@@ -1154,6 +1154,19 @@ def test_a_tuple_without_y_is_still_x_y_where_the_model_needs_a_y(make, x):
     _assert_same_weights(keras_model, ours)
 
 
+@pytest.mark.parametrize("data", ["arrays", "dataset"])
+def test_inputs_without_targets_for_a_compiled_loss_are_refused_naming_the_loss(data):
+    # model.fit fails inside the loss with a bare "None values not supported".
+    model = _model()
+    before = [w.copy() for w in model.get_weights()]
+    x = X if data == "arrays" else tf.data.Dataset.from_tensor_slices(X).batch(20)
+    with pytest.raises(kerasfast.DataError, match=r"inputs only \(y=None.*loss='sparse_categorical_crossentropy'.*pass y="):
+        kerasfast.fit(model, x, epochs=1, batch_size=20 if data == "arrays" else None, tune="off",
+                      run_dir=False, verbose=0)
+    for now, was in zip(model.get_weights(), before, strict=True):
+        np.testing.assert_array_equal(now, was)
+
+
 class _Batches(keras.callbacks.Callback):
     def __init__(self):
         super().__init__()

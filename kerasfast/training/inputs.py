@@ -604,6 +604,36 @@ def check_validation_data(validation_data, model=None) -> None:
         check_inputs_match(model, sample_inputs, what)
 
 
+def check_targets(model, sample_batch, what: str = "data") -> None:
+    """Raises `DataError` when `model` is compiled with a loss but a batch holds no targets.
+
+    Keras's own step hands the loss `y=None` and fails deep inside it with a
+    bare "None values not supported"; a model whose own `compute_loss` may
+    do without targets is not checked.
+
+    Args:
+        model: The compiled model (Keras's own `train_step`).
+        sample_batch: One batch, as the dataset yields it.
+        what: How the error names the data.
+    """
+    import keras
+
+    if getattr(model, "loss", None) is None or _compat.overridden_step(model, "compute_loss") is not None:
+        return
+    if keras.utils.unpack_x_y_sample_weight(sample_batch)[1] is not None:
+        return
+    raise DataError(
+        f"{what} holds inputs only (y=None, or a dataset yielding no targets), but model {model.name!r} is compiled "
+        f"with loss={_loss_name(model.loss)}, which compares its outputs with targets: pass y=, or a dataset of "
+        "(inputs, targets) pairs. A model whose loss comes only from add_loss() is compiled without loss=.")
+
+
+def _loss_name(loss) -> str:
+    if isinstance(loss, str):
+        return repr(loss)
+    return getattr(loss, "name", None) or getattr(loss, "__name__", None) or type(loss).__name__
+
+
 def validation_arguments(validation_data, batch_size, steps, freq, train_data, on_error) -> dict:
     """Keras's own validation arguments; kerasfast only reads TFRecord paths itself."""
     if validation_data is None:

@@ -11,7 +11,7 @@ from kerasfast import _compat
 from kerasfast.distribute.strategy import scope_of
 from kerasfast.errors import PlanError
 from kerasfast.training import facts, optimizers
-from kerasfast.training.inputs import check_inputs_match, check_validation_data
+from kerasfast.training.inputs import check_inputs_match, check_targets, check_validation_data
 from kerasfast.training.models import copy_optimizer_state, prepare_model
 from kerasfast.training.run import Run
 
@@ -33,6 +33,7 @@ def prepare(run: Run) -> None:
     # A rebuilt copy is compiled like the user's model: the facts (compile settings included) are the user's.
     run.model_facts = facts.model_facts(prepared.user_model if prepared.rebuilt else prepared.train_model,
                                         run.train_data, run.args.optimizer)
+    facts.check_mixed_precision(run)
 
 
 def compile_once(run: Run) -> None:
@@ -169,6 +170,7 @@ def _build_state(run: Run) -> None:
         # layers may read tensors' values (a symbolic build gives them none).
         return
     if run.model_facts.custom_train_step is None:
+        check_targets(model, run.train_data.sample_batch)
         _compat.build_state(model, run.train_data.sample_batch)
         return
     if run.strategy is None:
