@@ -23,6 +23,10 @@ from kerasfast.hardware import Hardware
 # others are Keras dtype policies.
 ONEDNN_BFLOAT16 = "onednn_bfloat16"
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16", ONEDNN_BFLOAT16)
+MIXED_POLICIES = ("mixed_float16", "mixed_bfloat16")
+# How a layer's own code keeps to a mixed policy's compute dtype.
+MIXED_DTYPE_FIX = ("cast what you create to the input's dtype (keras.ops.cast(c, x.dtype), or self.compute_dtype) "
+                   "or compute it with keras.ops from the input")
 LR_SCHEDULES = ("warmup_cosine", "warmup_hold_cosine", "one_cycle", "constant")
 # warmup_hold_cosine holds its peak over this share of the run, then decays
 # (a pruning fine-tune: while the sparsity ramp grows, which ends at half by default).
@@ -285,6 +289,12 @@ class ModelFacts:
             when a subclassed model (whose outputs a mixed policy leaves in
             its compute dtype) computes its loss in code of the user's, else
             None.
+        mixed_precision_problem: What stops the model's forward pass under
+            the mixed policy the plan would pick, found by tracing it there
+            (`kerasfast.training.precision.mixed_dtype_problem`): e.g.
+            "ScaleF32 layer 'scale_f32' mixes float32 into bfloat16 (...)";
+            None when it traces, or was not traced (only Keras's own layers,
+            or no mixed policy within reach: `mixed_policy_in_reach`).
         compile_jit_compile: `jit_compile` as passed to the model's
             `compile` ("auto" when not compiled or not set).
         compile_steps_per_execution: `steps_per_execution` of the model's
@@ -309,6 +319,7 @@ class ModelFacts:
     fused_update: bool = False
     custom_train_step: str | None = None
     loss_from_raw_outputs: str | None = None
+    mixed_precision_problem: str | None = None
     compile_jit_compile: Any = "auto"
     compile_steps_per_execution: int = 1
     run_eagerly: bool = False
@@ -1112,13 +1123,20 @@ def _resolve_model_precision(hardware: Hardware, precision, model: ModelFacts, t
     if precision == "auto" and model.built_under and keras_policy(chosen) != model.built_under:
         reason += (f"; your model was built under '{model.built_under}': pass precision='{model.built_under}' "
                    "to train in it")
-    if precision == "auto" and chosen in ("mixed_float16", "mixed_bfloat16") and model.loss_from_raw_outputs:
+    if precision == "auto" and chosen in MIXED_POLICIES and model.loss_from_raw_outputs:
         # Keras's compiled losses cast the outputs; the user's own code may
         # subtract float32 labels from them, which fails in their dtype.
         return "float32", (
             f"float32: {reason}, but {model.loss_from_raw_outputs} computes the loss from a subclassed model's "
             f"outputs, which '{chosen}' would hand it in {compute_dtype(chosen)} (cast y_pred to float32 there and "
             f"pass precision='{chosen}' to train in it)"
+        )
+    if chosen in MIXED_POLICIES and model.mixed_precision_problem:
+        if precision != "auto":
+            raise PlanError(mixed_precision_refusal(chosen, model.mixed_precision_problem))
+        return "float32", (
+            f"float32: {reason}, but under '{chosen}' {model.mixed_precision_problem}, which fails in the first "
+            f"step (in its call(), {MIXED_DTYPE_FIX}, then pass precision='{chosen}' to train in it)"
         )
     if chosen != "mixed_float16" or train_step != "yours" or model.loss_scaled:
         return chosen, reason
@@ -1132,6 +1150,38 @@ def _resolve_model_precision(hardware: Hardware, precision, model: ModelFacts, t
         f"{model.custom_train_step}: wrap your optimizer in keras.optimizers.LossScaleOptimizer and call "
         "its scale_loss() in your step, or use precision='mixed_bfloat16' / 'float32'."
     )
+
+
+def mixed_precision_refusal(precision: str, problem: str) -> str:
+    """The refusal of a mixed `precision` the user asked for, which `problem` stops."""
+    return (f"precision='{precision}' cannot train this model: under it {problem}, which TensorFlow refuses in the "
+            f"first train step. In its call(), {MIXED_DTYPE_FIX}; or pass precision='float32' (or 'auto').")
+
+
+def mixed_policy_in_reach(hardware: Hardware, overrides: Overrides, model: ModelFacts) -> str | None:
+    """The mixed Keras policy a plan for `hardware` may train `model` in
+    (the user's, or the one "auto" picks there), None where no plan would.
+
+    A model whose layers run user code has its forward pass traced under it
+    before planning (`ModelFacts.mixed_precision_problem`). "auto" is taken
+    as `resolve_precision` picks it without the model's size or layers, so
+    a model the plan then keeps in float32 anyway (a small step on a
+    bfloat16 CPU under XLA) may have paid one trace, and one it mixes has
+    always been traced.
+
+    Example:
+
+    >>> from kerasfast.hardware import GPU
+    >>> mixed_policy_in_reach(Hardware(gpus=(GPU("A100", (8, 0)),)), Overrides(), ModelFacts())
+    'mixed_bfloat16'
+    >>> mixed_policy_in_reach(Hardware(cpu_flags=("avx2",)), Overrides(), ModelFacts()) is None
+    True
+    """
+    if model.custom_train_step is not None or (overrides.precision == "auto" and model.loss_from_raw_outputs):
+        return None  # a step of the user's calls the model its own way; raw outputs keep "auto" float32
+    jit_compile, _ = _with_compile_settings(overrides, model, hardware, [])
+    chosen, _ = resolve_precision(hardware, overrides.precision, jit_compile=jit_compile)
+    return chosen if chosen in MIXED_POLICIES else None
 
 
 def _resolve_steps_per_epoch(steps_per_epoch, data: DataFacts, global_batch: int,
@@ -1302,6 +1352,8 @@ def candidate_plans(plan: Plan, hardware: Hardware, model: ModelFacts, run: RunF
             wanted = ["float32", "mixed_float16", "mixed_bfloat16"]
             if mode != "full" and not all((gpu.compute_capability or (0, 0)) >= (8, 0) for gpu in hardware.gpus):
                 wanted.remove("mixed_bfloat16")
+        if model.mixed_precision_problem:
+            wanted = [p for p in wanted if p not in MIXED_POLICIES]  # it would fail under either
         precisions += [p for p in wanted if p != plan.precision]
     jits = [plan.jit_compile]
     if "jit_compile" not in user_set:

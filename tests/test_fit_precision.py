@@ -247,3 +247,46 @@ def test_a_callbacks_own_predict_runs_in_float32_under_onednn_bfloat16(digits):
                            callbacks=[keras.callbacks.LambdaCallback(on_epoch_end=compare)], run_dir=False, verbose=0)
     assert result.plan.precision == "onednn_bfloat16"
     assert len(gaps) == 2 and max(gaps) < 1e-4, gaps
+
+
+class ScaleF32(keras.layers.Layer):
+    """The TF tutorials' `d_model` scaling: a float32 constant, whatever the input's dtype."""
+
+    def call(self, x):
+        import tensorflow as tf
+
+        return x * tf.math.sqrt(tf.cast(6, tf.float32))
+
+
+def _halving_lambda():
+    import tensorflow as tf
+
+    return keras.layers.Lambda(lambda t: t / tf.constant(2.0), name="halve")
+
+
+@pytest.mark.parametrize("make_layer, named", [(lambda: ScaleF32(name="scale"), "ScaleF32 layer 'scale'"),
+                                               (_halving_lambda, "Lambda layer 'halve'")], ids=["custom", "lambda"])
+def test_an_asked_mixed_precision_a_layer_mixes_float32_into_is_refused_before_training(make_layer, named):
+    """A layer computing with a float32 constant fails under a mixed policy
+    in TensorFlow's first step; asked for, the precision is refused before
+    it, naming the layer, the dtypes and the fix, and the model is left as
+    it was, for model.fit to train (in float32, as it would)."""
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(128, 6)).astype("float32"), rng.integers(0, 3, size=128)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu"),
+                              keras.layers.BatchNormalization(), make_layer(), keras.layers.Dense(3)])
+    before = [w.copy() for w in model.get_weights()]  # BatchNormalization's statistics among them
+    begun = []
+    with pytest.raises(kerasfast.PlanError) as refused:
+        kerasfast.fit(model, x, y, epochs=1, batch_size=32, precision="mixed_bfloat16", tune="off", run_dir=False,
+                      verbose=0, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), optimizer="adam",
+                      callbacks=[keras.callbacks.LambdaCallback(on_train_begin=lambda logs: begun.append(1))])
+    message = str(refused.value)
+    assert named in message and "float32 into bfloat16" in message
+    assert "keras.ops.cast(c, x.dtype)" in message and "precision='float32'" in message
+    assert not begun and not model.compiled
+    assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights(), strict=True))
+    assert {layer.dtype_policy.name for layer in model.layers} == {"float32"}
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(x, y, epochs=1, batch_size=32, verbose=0)
+    assert np.isfinite(history.history["loss"][0])

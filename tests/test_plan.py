@@ -419,6 +419,85 @@ def test_a_subclassed_models_own_loss_code_keeps_float32_where_auto_would_mix():
     assert asked.precision == "mixed_bfloat16"  # your choice stands
 
 
+SCALE_PROBLEM = ("ScaleF32 layer 'scale' mixes float32 into bfloat16 (model.py, line 7: Input 'y' of 'Mul' Op has "
+                 "type float32 that does not match type bfloat16 of argument 'x')")
+
+
+def test_a_layer_mixing_float32_into_the_compute_dtype_keeps_auto_in_float32_and_refuses_a_mixed_request():
+    from kerasfast.plan import Overrides, candidate_plans, mixed_policy_in_reach
+
+    a100, v100 = Hardware(gpus=(GPU("A100", (8, 0)),)), Hardware(gpus=(GPU("V100", (7, 0)),))
+    found = ModelFacts(forward_flops_per_sample=10_000_000, mixed_precision_problem=SCALE_PROBLEM)
+    kept = resolve_plan(a100, model=found, batch_size=64)
+    assert kept.precision == "float32"
+    reason = kept.reasons["precision"]
+    assert SCALE_PROBLEM in reason and "self.compute_dtype" in reason and "precision='mixed_bfloat16'" in reason
+    # Tuning does not time the mixed policies it would fail under.
+    assert {plan.precision for plan in candidate_plans(kept, a100, found, RunFacts(), mode="full")} == {"float32"}
+    with pytest.raises(PlanError, match=r"precision='mixed_float16' cannot train this model: under it ScaleF32 "
+                                        r"layer 'scale' mixes float32"):
+        resolve_plan(v100, model=found, batch_size=64, precision="mixed_float16")
+    # The policy the model's forward pass is traced under before planning: the one a plan may pick.
+    assert mixed_policy_in_reach(a100, Overrides(), ModelFacts()) == "mixed_bfloat16"
+    assert mixed_policy_in_reach(v100, Overrides(), ModelFacts()) == "mixed_float16"
+    assert mixed_policy_in_reach(CPU_PLAIN, Overrides(), ModelFacts()) is None
+    assert mixed_policy_in_reach(CPU_BF16, Overrides(), ModelFacts()) is None  # onednn_bfloat16 or float32
+    assert mixed_policy_in_reach(CPU_BF16, Overrides(jit_compile=True), ModelFacts()) == "mixed_bfloat16"
+    assert mixed_policy_in_reach(CPU_PLAIN, Overrides(precision="mixed_bfloat16"), ModelFacts()) == "mixed_bfloat16"
+    assert mixed_policy_in_reach(a100, Overrides(), ModelFacts(custom_train_step="Gan.train_step")) is None
+
+
+class ScaleF32(keras.layers.Layer):
+    """The TF tutorials' `d_model` scaling: a float32 constant, whatever the input's dtype."""
+
+    def call(self, x):
+        return x * tf.math.sqrt(tf.cast(6, tf.float32))
+
+
+class ScaleInItsDtype(keras.layers.Layer):
+    """The same scaling in the layer's compute dtype: fine under a mixed policy."""
+
+    def call(self, x):
+        return x * keras.ops.sqrt(keras.ops.cast(6, self.compute_dtype))
+
+
+def test_on_a_gpu_auto_keeps_float32_only_for_a_model_whose_own_layer_mixes_float32_in(monkeypatch):
+    """On a GPU "auto" picks a mixed policy, under which ScaleF32 fails in
+    TensorFlow's first step: its model trains in float32, the plan naming
+    the layer. A custom layer keeping to its compute dtype, and a model of
+    Keras layers, still train mixed; only models with layers of their own
+    have their forward pass traced for it. (The GPU is the plan's: the
+    steps run on this machine's CPU.)"""
+    from kerasfast.training import facts, precision
+
+    monkeypatch.setattr(facts, "detect_hardware", lambda: Hardware(cpu_cores=2, gpus=(GPU("A100", (8, 0)),)))
+    traced, trace = [], getattr(precision, "mixed_dtype_problem", None)
+
+    def counted(model, *args):
+        traced.append(model.name)
+        return trace(model, *args)
+
+    monkeypatch.setattr(precision, "mixed_dtype_problem", counted, raising=False)
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(128, 6)).astype("float32"), rng.integers(0, 3, size=128)
+
+    def fit(*middle, name):
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu"), *middle,
+                                  keras.layers.Dense(3)], name=name)
+        return kerasfast.fit(model, x, y, epochs=1, batch_size=32, tune="off", run_dir=False, verbose=0,
+                             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), optimizer="adam")
+
+    float32_constant = fit(ScaleF32(name="scale"), name="float32_constant")
+    assert float32_constant.plan.precision == "float32"
+    reason = float32_constant.plan.reasons["precision"]
+    assert "ScaleF32 layer 'scale' mixes float32 into bfloat16" in reason and "precision='mixed_bfloat16'" in reason
+    assert np.isfinite(float32_constant.history.history["loss"][0])
+    assert fit(ScaleInItsDtype(), keras.layers.Lambda(lambda t: t / 2.0), name="own_dtype").plan.precision == \
+        "mixed_bfloat16"
+    assert fit(keras.layers.BatchNormalization(), name="keras_only").plan.precision == "mixed_bfloat16"
+    assert traced == ["float32_constant", "own_dtype"]
+
+
 def test_a_compile_argument_given_to_fit_says_where_it_belongs():
     from kerasfast.plan import Overrides
 

@@ -9,6 +9,7 @@ process, with the peak FLOP/s measured only if the plan asks for it, once.
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 
 import keras
@@ -17,12 +18,14 @@ import numpy as np
 from kerasfast import _compat, costs, threads
 from kerasfast._checks import is_int
 from kerasfast.distribute import ray_train, resolve_strategy
+from kerasfast.distribute.strategy import scope_of
 from kerasfast.distribute.consensus import chief_value
 from kerasfast.errors import PlanError
 from kerasfast.hardware import detect_hardware
 from kerasfast.onednn import onednn_state
-from kerasfast.plan import Findings, ModelFacts, RunFacts, check_overrides, resolve_threads
-from kerasfast.training import optimizers
+from kerasfast.plan import (Findings, ModelFacts, RunFacts, check_overrides, mixed_policy_in_reach,
+                            mixed_precision_refusal, resolve_threads)
+from kerasfast.training import optimizers, precision
 from kerasfast.training.models import is_graph_model
 from kerasfast.training.backup import Backup
 from kerasfast.training.batch_callbacks import learning_rate_callbacks, per_batch_callbacks
@@ -101,6 +104,42 @@ def _loss_from_raw_outputs(model, own_step: str | None) -> str | None:
     if is_graph_model(model):
         return None
     return own_step or _compat.overridden_step(model, "compute_loss")
+
+
+def check_mixed_precision(run: Run) -> None:
+    """Adds to `run.model_facts` what stops the model's forward pass under
+    the mixed policy its plan may pick (`mixed_policy_in_reach`), found by
+    tracing it there, so that "auto" keeps float32 and a mixed precision
+    the user asked for is refused now, before anything is compiled, rather
+    than by TensorFlow in the first step.
+
+    Keras's own layers keep to the policy's compute dtype, so only a model
+    with layers running user code (`precision.runs_user_code`) is traced,
+    and only where a mixed policy is within reach: one graph of the forward
+    pass, nothing run (a second, in float32, only for a model that failed).
+    Measured on a 2-core CPU: 0.02 s on a small MLP with a custom layer
+    (its whole fit: 0.9 s), 0.33 s on the GPT recipe's 4-block model.
+    Other models pay nothing.
+
+    Raises:
+        PlanError: For a mixed precision the user asked for that the model
+            cannot train in, naming the layer, the dtypes and the fix.
+    """
+    model = run.prepared.train_model
+    policy = mixed_policy_in_reach(run.hardware, run.args.overrides, run.model_facts)
+    if policy is None:
+        return
+    suspects = [layer for layer in _compat.flatten_layers(model, include_self=True)
+                if precision.runs_user_code(layer)]
+    if not suspects:
+        return
+    with scope_of(run.strategy):
+        problem = precision.mixed_dtype_problem(model, run.train_data.sample_inputs, policy, suspects)
+    if problem is None:
+        return
+    run.model_facts = dataclasses.replace(run.model_facts, mixed_precision_problem=problem)
+    if run.args.overrides.precision != "auto":
+        raise PlanError(mixed_precision_refusal(policy, problem))
 
 
 def model_facts(model, train_data, optimizer) -> ModelFacts:
