@@ -570,6 +570,29 @@ def data_service_distribute(**arguments):
     return _distribute(**arguments)
 
 
+def mirrored_strategy(devices, collective_key_base: int):
+    """A `tf.distribute.MirroredStrategy` over `devices` whose collective
+    operations are numbered from `collective_key_base`.
+
+    Every MirroredStrategy numbers its collectives from the same start
+    (`MirroredStrategy._collective_key_base`, 0, "only set this in tests"),
+    and TensorFlow keeps the first shapes seen under a number: one the user
+    made earlier in the process (their own `model.fit` under it) and a
+    second one would all-reduce mismatched tensors ("Shape mismatch in the
+    collective instance") as soon as a model all-reduces inside its forward
+    pass (`BatchNormalization(synchronized=True)`).
+    """
+    import tensorflow as tf
+
+    strategy_class = tf.distribute.MirroredStrategy
+    previous = strategy_class._collective_key_base
+    strategy_class._collective_key_base = collective_key_base  # read once, by the strategy's constructor
+    try:
+        return strategy_class(list(devices))
+    finally:
+        strategy_class._collective_key_base = previous
+
+
 def is_multi_worker(strategy) -> bool:
     """Whether `strategy` is a MultiWorkerMirroredStrategy, the one keras issue 20585 breaks."""
     import tensorflow as tf

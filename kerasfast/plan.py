@@ -268,6 +268,9 @@ class ModelFacts:
 
     Attributes:
         layers_without_jit: Names of layers that declare `supports_jit=False`.
+        synchronized_batch_norm_layers: Names of the
+            `BatchNormalization(synchronized=True)` layers, which all-reduce
+            inside the forward pass under a strategy.
         forward_flops_per_sample: FLOPs of one sample's forward pass, or None.
         depthwise_conv_flops: FLOPs of one sample's forward pass in
             depthwise convolutions (0: none, or not counted).
@@ -307,6 +310,7 @@ class ModelFacts:
     """
 
     layers_without_jit: tuple[str, ...] = ()
+    synchronized_batch_norm_layers: tuple[str, ...] = ()
     forward_flops_per_sample: int | None = None
     depthwise_conv_flops: int = 0
     recurrent_layers: tuple[str, ...] = ()
@@ -668,6 +672,10 @@ def _resolve_jit(requested, hardware, model: ModelFacts, run: RunFacts, train_st
         blockers.append("TF op determinism is enabled (XLA has no deterministic kernels for some ops)")
     if train_step == "keras":
         blockers.append("run_eagerly=True runs no compiled function")
+    if model.synchronized_batch_norm_layers and strategy_name != "none":
+        blockers.append(f"BatchNormalization(synchronized=True) layer(s) "
+                        f"{', '.join(model.synchronized_batch_norm_layers[:3])} all-reduce inside the forward pass, "
+                        "which XLA cannot compile under a tf.distribute strategy")
     if train_step == "yours" and strategy_name != "none":
         # kerasfast compiles only the forward and backward pass under a
         # strategy; a custom step holds its optimizer's all-reduce, which XLA

@@ -162,6 +162,46 @@ def test_multi_worker_training_from_tfrecords_gives_each_worker_its_own_share(tm
     assert sorted(digest for report in reports for digest in report["records"]) == expected
 
 
+_AFTER_THE_USERS_STRATEGY = """
+import json, sys
+import numpy as np
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import kerasfast
+import keras
+
+rng = np.random.default_rng(0)
+x, y = rng.normal(size=(256, 8)).astype("float32"), rng.integers(0, 2, 256)
+
+def model():
+    keras.utils.set_random_seed(3)
+    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"),
+                             keras.layers.BatchNormalization(synchronized=True), keras.layers.Dense(2)])
+
+loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+with tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope():
+    theirs = model()
+    theirs.compile(keras.optimizers.SGD(0.1), loss)
+keras_losses = theirs.fit(x, y, epochs=2, batch_size=32, shuffle=False, verbose=0).history["loss"]
+result = kerasfast.fit(model(), x, y, epochs=2, batch_size=32, shuffle=False, strategy="mirrored", loss=loss,
+                       optimizer=keras.optimizers.SGD(0.1), steps_per_execution=1, tune="off", run_dir=False,
+                       verbose=0)
+json.dump({"keras": keras_losses, "kerasfast": result.history.history["loss"]}, open(sys.argv[1], "w"))
+"""
+
+
+def test_a_model_all_reducing_in_its_forward_pass_trains_after_the_users_own_mirrored_strategy(tmp_path):
+    # Synchronized batch norm all-reduces inside the forward pass; a MirroredStrategy the user made earlier in the
+    # process numbered its collectives from the same start as kerasfast's ("Shape mismatch in the collective").
+    out = tmp_path / "losses.json"
+    done = subprocess.run([sys.executable, "-c", _AFTER_THE_USERS_STRATEGY, str(out)], capture_output=True,
+                          text=True, timeout=600, env=ENV)
+    assert done.returncode == 0, done.stderr[-3000:]
+    losses = json.loads(out.read_text())
+    np.testing.assert_allclose(losses["kerasfast"], losses["keras"], rtol=1e-5)
+
+
 def test_workers_with_different_plans_refuse_before_training():
     command = [sys.executable, "-m", "kerasfast.cli", "launch", "-n", "2", "--", sys.executable,
                str(ROOT / "tests" / "workers" / "mismatched_plans.py")]

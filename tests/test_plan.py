@@ -498,6 +498,19 @@ def test_on_a_gpu_auto_keeps_float32_only_for_a_model_whose_own_layer_mixes_floa
     assert traced == ["float32_constant", "own_dtype"]
 
 
+def test_synchronized_batch_norm_under_a_strategy_keeps_xla_off():
+    # Its all-reduce inside the forward pass is a merge_call XLA's compiled forward cannot hold.
+    a100x2 = Hardware(gpus=(GPU("A100", (8, 0)), GPU("A100", (8, 0))))
+    synced = ModelFacts(synchronized_batch_norm_layers=("bn",))
+    assert resolve_plan(a100x2, model=ModelFacts(), num_replicas=2, strategy_name="mirrored").jit_compile is True
+    plan = resolve_plan(a100x2, model=synced, num_replicas=2, strategy_name="mirrored")
+    assert plan.jit_compile is False and "BatchNormalization(synchronized=True) layer(s) bn" in \
+        plan.reasons["jit_compile"]
+    with pytest.raises(PlanError, match=r"jit_compile=True cannot work here: BatchNormalization\(synchronized=True\)"):
+        resolve_plan(a100x2, model=synced, num_replicas=2, strategy_name="mirrored", jit_compile=True)
+    assert resolve_plan(a100x2, model=synced).jit_compile is True  # one device: no all-reduce
+
+
 def test_a_compile_argument_given_to_fit_says_where_it_belongs():
     from kerasfast.plan import Overrides
 

@@ -18,6 +18,7 @@ import dataclasses
 import json
 import os
 
+from kerasfast import _compat
 from kerasfast.distribute import ray_train
 from kerasfast.errors import PlanError
 from kerasfast.hardware import Hardware
@@ -122,6 +123,11 @@ def _default_timeout() -> int:
 
 
 _MIRRORED: dict = {}
+# Where kerasfast's strategies number their collective operations from: far
+# from the 0 every other MirroredStrategy in the process starts at, and
+# apart for each set of devices.
+COLLECTIVE_KEY_BASE = 1_000_000
+COLLECTIVE_KEYS_PER_STRATEGY = 100_000
 
 
 def _mirrored(devices):
@@ -130,13 +136,14 @@ def _mirrored(devices):
     Each new strategy numbers its collective operations from the same start,
     and TensorFlow keeps the first shapes seen under a number: a second
     strategy training another model in the same process would all-reduce
-    mismatched tensors ("Shape mismatch in the collective instance").
+    mismatched tensors ("Shape mismatch in the collective instance"). So
+    kerasfast makes one per set of devices, numbered apart from the ones the
+    user makes (`_compat.mirrored_strategy`).
     """
-    import tensorflow as tf
-
     key = tuple(devices)
     if key not in _MIRRORED:
-        _MIRRORED[key] = tf.distribute.MirroredStrategy(list(devices))
+        base = COLLECTIVE_KEY_BASE + COLLECTIVE_KEYS_PER_STRATEGY * len(_MIRRORED)
+        _MIRRORED[key] = _compat.mirrored_strategy(devices, base)
     return _MIRRORED[key]
 
 

@@ -159,6 +159,8 @@ def model_facts(model, train_data, optimizer) -> ModelFacts:
     return ModelFacts(
         layers_without_jit=tuple(layer.name for layer in _compat.flatten_layers(model, include_self=True)
                                  if not getattr(layer, "supports_jit", True)),
+        synchronized_batch_norm_layers=tuple(layer.name for layer in layers if isinstance(
+            layer, keras.layers.BatchNormalization) and getattr(layer, "synchronized", False)),
         forward_flops_per_sample=flops.total if flops else None,
         depthwise_conv_flops=flops.by_op_type.get("DepthwiseConv2dNative", 0) if flops else 0,
         recurrent_layers=_names_of(layers, keras.layers.RNN),
