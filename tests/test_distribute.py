@@ -45,7 +45,11 @@ for config in MATRIX:
     config["checkpoint"] = config["name"] in COVERING
 MATRIX_4 = [config for config in MATRIX if config["name"] in COVERING]
 EQUIVALENCE = [{"name": "equivalence", "precision": "float32", "batch_size": 64, "epochs": 2, "shuffle": False,
-                "steps_per_execution": 1, "learning_rate": 0.5}]
+                "steps_per_execution": 1, "learning_rate": 0.5},
+               # fit's clipnorm= clips the summed gradient (its norm here 0.75-0.93 at the start), not each
+               # replica's share of it.
+               {"name": "equivalence_clipped", "precision": "float32", "batch_size": 64, "epochs": 2,
+                "shuffle": False, "steps_per_execution": 1, "learning_rate": 0.5, "clipnorm": 0.2}]
 # float32 sums of the same gradients in another order (per-replica partial
 # sums, then the all-reduce) differ in the last bits; after 16 SGD updates
 # the weights agree to this tolerance.
@@ -110,7 +114,7 @@ def test_four_worker_matrix_trains_with_identical_weights_on_every_worker(tmp_pa
                 np.testing.assert_array_equal(a, b, err_msg=f"{config['name']}, worker {worker}")
 
 
-def _one_replica_reference(tmp_path):
+def _one_replica_reference(tmp_path, config):
     import keras
 
     from kerasfast import datasets
@@ -119,7 +123,7 @@ def _one_replica_reference(tmp_path):
     x, y = x[:512].reshape(512, 64), y[:512]
     keras.utils.set_random_seed(7)
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="tanh"), keras.layers.Dense(10)])
-    config = dict(EQUIVALENCE[0])
+    config = dict(config)
     config.pop("name")
     kerasfast.fit(model, (x, y), strategy="none", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   optimizer=keras.optimizers.SGD(config.pop("learning_rate")), run_dir=False, verbose=0, **config)
@@ -129,11 +133,12 @@ def _one_replica_reference(tmp_path):
 @pytest.mark.parametrize("strategy, workers", [("mirrored", 1), ("multi_worker", 2), ("multi_worker", 4)])
 def test_several_replicas_reach_the_weights_of_one_replica_at_the_same_global_batch(tmp_path, strategy, workers):
     results = run_worker(tmp_path, strategy, EQUIVALENCE, workers=workers)
-    assert results[0]["equivalence"]["replicas"] == max(workers, 2)
-    reference = _one_replica_reference(tmp_path)
-    for worker in range(workers):
-        for a, b in zip(weights(tmp_path, "equivalence", worker), reference, strict=True):
-            np.testing.assert_allclose(a, b, atol=EQUIVALENCE_ATOL)
+    for config in EQUIVALENCE:
+        assert results[0][config["name"]]["replicas"] == max(workers, 2)
+        reference = _one_replica_reference(tmp_path, config)
+        for worker in range(workers):
+            for a, b in zip(weights(tmp_path, config["name"], worker), reference, strict=True):
+                np.testing.assert_allclose(a, b, atol=EQUIVALENCE_ATOL, err_msg=config["name"])
 
 
 @pytest.mark.parametrize("workers, shards, sharding", [

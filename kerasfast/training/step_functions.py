@@ -136,13 +136,16 @@ class StepFunctions:
             model's; a `LossScaleOptimizer` around it for float16).
         own_train_step, own_test_step: Run the model's overridden
             `train_step` / `test_step` instead of kerasfast's.
+        clipnorm: The plan's global gradient-norm clipping threshold, or
+            None: with several replicas, applied to the summed gradient.
     """
 
     def __init__(self, model, strategy, *, steps_per_execution: int, grad_accum_steps: int, jit_compile: bool,
                  micro_steps_done: int = 0, steps_per_epoch: int | None = None, optimizer=None,
                  own_train_step: bool = False, own_test_step: bool = False, precision: str = "float32",
-                 remat: str | None = None):
+                 remat: str | None = None, clipnorm: float | None = None):
         self.model = model
+        self.clipnorm = clipnorm
         self._precision = (precision, remat)
         self.strategy = strategy
         self.optimizer = optimizer if optimizer is not None else model.optimizer
@@ -208,10 +211,30 @@ class StepFunctions:
         def step(data):
             x, y, sample_weight = _unpack(data)
             loss, y_pred, gradients = compute(x, y, sample_weight)
-            self.optimizer.apply(gradients, model.trainable_variables)
+            self.optimizer.apply(self._clipped_globally(gradients), model.trainable_variables)
             return self._track(x, y, y_pred, sample_weight, loss)
 
         return step
+
+    def _clipped_globally(self, gradients):
+        """Each replica's share of the summed gradient, clipped to the plan's `clipnorm` as a whole.
+
+        The optimizer clips (its `global_clipnorm`, which the plan sets)
+        before it sums the replicas' gradients, as Keras orders it: the norm
+        clipped would be each replica's share, and the threshold would grow
+        with the replicas. So the step sums them first (one all-reduce more,
+        only with clipping on several replicas), clips the sum and hands each
+        replica 1/n of it, which the optimizer sums back, below its own
+        threshold.
+        """
+        import tensorflow as tf
+
+        replicas = self.strategy.num_replicas_in_sync
+        if self.clipnorm is None or replicas == 1:
+            return gradients
+        summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, gradients)
+        clipped, _ = tf.clip_by_global_norm(summed, self.clipnorm)
+        return [gradient / replicas for gradient in clipped]
 
     def _make_replica_micro_step(self, compute):
         def micro_step(data):
@@ -226,7 +249,7 @@ class StepFunctions:
     def _replica_apply(self):
         model = self.model
         gradients = [accumulator / self.grad_accum_steps for accumulator in self._accumulators]
-        self.optimizer.apply(gradients, model.trainable_variables)
+        self.optimizer.apply(self._clipped_globally(gradients), model.trainable_variables)
         for accumulator in self._accumulators:
             accumulator.assign(keras.ops.zeros_like(accumulator))
 
@@ -530,7 +553,7 @@ class StepFunctions:
                         grad_accum_steps=plan.grad_accum_steps, jit_compile=plan.jit_compile,
                         micro_steps_done=micro_steps_done, steps_per_epoch=plan.steps_per_epoch, optimizer=optimizer,
                         own_train_step=plan.train_step == "yours", own_test_step=own_test_step,
-                        precision=plan.precision, remat=plan.remat)
+                        precision=plan.precision, remat=plan.remat, clipnorm=plan.clipnorm)
         steps.install()
         return steps
 
