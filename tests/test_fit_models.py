@@ -1,5 +1,6 @@
 """Any Keras 3 model trains through kerasfast.fit and stays usable afterwards."""
 
+import json
 import os
 import subprocess
 import sys
@@ -296,6 +297,53 @@ _CREATED_UNDER_MIRRORED = textwrap.dedent(
         print("refused:", error)
     """
 )
+
+
+_COMPILED_UNDER_THE_USERS_MIRRORED = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    import keras
+    import kerasfast
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(256, 8)).astype("float32"), rng.integers(0, 2, 256)
+    users = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+    def compiled():
+        keras.utils.set_random_seed(3)
+        with users.scope():
+            model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"),
+                                      keras.layers.Dense(2)])
+            model.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    losses = {"keras": compiled().fit(x, y, epochs=2, batch_size=32, shuffle=False, verbose=0).history["loss"]}
+    for name, strategy in (("mirrored", "mirrored"), ("another", tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))):
+        model = compiled()
+        result = kerasfast.fit(model, x, y, epochs=2, batch_size=32, shuffle=False, strategy=strategy,
+                               steps_per_execution=1, tune="off", run_dir=False, verbose=0)
+        losses[name] = result.history.history["loss"]
+        losses[name + "_updates"] = int(model.optimizer.iterations.numpy())
+    json.dump(losses, open(sys.argv[1], "w"))
+    """
+)
+
+
+def test_a_model_compiled_under_the_users_mirrored_strategy_trains_under_kerasfasts(tmp_path):
+    # The copy kerasfast trains under its strategy reads the user's optimizer, made under theirs
+    # (was "Mixing different tf.distribute.Strategy objects").
+    out = tmp_path / "losses.json"
+    done = subprocess.run([sys.executable, "-c", _COMPILED_UNDER_THE_USERS_MIRRORED, str(out)], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    losses = json.loads(out.read_text())
+    for name in ("mirrored", "another"):
+        np.testing.assert_allclose(losses[name], losses["keras"], rtol=1e-6, err_msg=name)
+        assert losses[name + "_updates"] == 16  # the user's own optimizer holds the trained state
 
 
 def test_a_model_created_in_a_strategys_scope_trains_with_no_strategy_or_is_refused_naming_it():

@@ -133,8 +133,9 @@ def _compile_copy(clone, user_model, strategy, given: dict, needs_loss: bool) ->
         settings["optimizer"] = optimizers.default_optimizer()
     if not user_model.compiled or given:
         user_model.compile(**{**settings, "optimizer": _optimizer_for_user_model(settings["optimizer"], user_model)})
+    copy = optimizers.copier(settings["optimizer"])  # read here: the optimizer may be another strategy's
     with scope_of(strategy):
-        clone.compile(**{**settings, "optimizer": optimizers.copy_of(settings["optimizer"])})
+        clone.compile(**{**settings, "optimizer": copy()})
     return default
 
 

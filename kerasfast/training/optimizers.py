@@ -91,19 +91,37 @@ def settle_after_run(optimizer, plan: Plan) -> None:
 
 def copy_of(optimizer):
     """A fresh optimizer of the same class and configuration (no state)."""
+    return copier(optimizer)()
+
+
+def copier(optimizer):
+    """A function making fresh copies of `optimizer` (`copy_of`), its configuration read now.
+
+    Read it outside a strategy's scope when the copy is made inside one: an
+    optimizer made under another strategy (the user's own MirroredStrategy)
+    cannot have its variables read there ("Mixing different
+    tf.distribute.Strategy objects").
+    """
     template = keras.optimizers.get(optimizer) if isinstance(optimizer, str) else optimizer
     rate = _compat.learning_rate_store(unwrap(template))
+    own = is_kerasfasts_own(template)
     if isinstance(rate, keras.Variable):
-        fresh = template.__class__.from_config(template.get_config())
+        config, schedule = template.get_config(), None
     else:
         # A schedule (or callable) is shared, not serialised: the user's own
         # schedule class need not have a get_config() for Keras to train with it.
         with _compat.learning_rate_hidden(unwrap(template)):
-            fresh = template.__class__.from_config(template.get_config())
-        unwrap(fresh).learning_rate = rate
-    if is_kerasfasts_own(template):
-        _KERASFASTS_OWN.add(unwrap(fresh))
-    return fresh
+            config, schedule = template.get_config(), rate
+
+    def copy():
+        fresh = template.__class__.from_config(config)
+        if schedule is not None:
+            unwrap(fresh).learning_rate = schedule
+        if own:
+            _KERASFASTS_OWN.add(unwrap(fresh))
+        return fresh
+
+    return copy
 
 
 def planned_learning_rate(plan: Plan, start_step: int = 0, optimizer=None):
