@@ -328,6 +328,28 @@ _COMPILED_UNDER_THE_USERS_MIRRORED = textwrap.dedent(
                                steps_per_execution=1, tune="off", run_dir=False, verbose=0)
         losses[name] = result.history.history["loss"]
         losses[name + "_updates"] = int(model.optimizer.iterations.numpy())
+
+    class Subclassed(keras.Model):  # no build() of its own: model.build() leaves its layers unbuilt
+        def __init__(self):
+            super().__init__()
+            self.hidden, self.out = keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(2)
+
+        def call(self, x):
+            return self.out(self.hidden(x))
+
+    def built_by_shape():
+        keras.utils.set_random_seed(3)
+        with users.scope():
+            model = Subclassed()
+            model.build((None, 8))
+            model.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    losses["keras_built_by_shape"] = built_by_shape().fit(x, y, epochs=2, batch_size=32, shuffle=False,
+                                                          verbose=0).history["loss"]
+    result = kerasfast.fit(built_by_shape(), x, y, epochs=2, batch_size=32, shuffle=False, steps_per_execution=1,
+                           tune="off", run_dir=False, verbose=0)
+    losses["built_by_shape"] = result.history.history["loss"]
     json.dump(losses, open(sys.argv[1], "w"))
     """
 )
@@ -335,7 +357,8 @@ _COMPILED_UNDER_THE_USERS_MIRRORED = textwrap.dedent(
 
 def test_a_model_compiled_under_the_users_mirrored_strategy_trains_under_kerasfasts(tmp_path):
     # The copy kerasfast trains under its strategy reads the user's optimizer, made under theirs
-    # (was "Mixing different tf.distribute.Strategy objects").
+    # (was "Mixing different tf.distribute.Strategy objects"); a model whose layers model.build() left
+    # unbuilt is built in the strategy's scope (was an AssertionError in the first step).
     out = tmp_path / "losses.json"
     done = subprocess.run([sys.executable, "-c", _COMPILED_UNDER_THE_USERS_MIRRORED, str(out)], capture_output=True,
                           text=True, timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
@@ -344,6 +367,8 @@ def test_a_model_compiled_under_the_users_mirrored_strategy_trains_under_kerasfa
     for name in ("mirrored", "another"):
         np.testing.assert_allclose(losses[name], losses["keras"], rtol=1e-6, err_msg=name)
         assert losses[name + "_updates"] == 16  # the user's own optimizer holds the trained state
+    # A subclassed model given its input shape by model.build(), under the strategy it was made in.
+    np.testing.assert_allclose(losses["built_by_shape"], losses["keras_built_by_shape"], rtol=1e-6)
 
 
 def test_a_model_created_in_a_strategys_scope_trains_with_no_strategy_or_is_refused_naming_it():

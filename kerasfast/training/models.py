@@ -325,7 +325,11 @@ def _ensure_built(model, sample_inputs) -> None:
     """
     if model.built and getattr(model, "inputs", None) is not None:
         return
-    if model.built and not is_graph_model(model):
+    if model.built and not is_graph_model(model) and all(
+            layer.built for layer in _compat.flatten_layers(model, include_self=False)):
+        # `model.build(input_shape)` on a subclassed model without a build() of its own marks it built and
+        # leaves its layers unbuilt (Keras warns): they would create their variables in the first step,
+        # outside the strategy's scope.
         return
     if not is_graph_model(model):
         model(sample_inputs, training=False)
