@@ -85,7 +85,7 @@ def run_quickstart(out_dir: str | pathlib.Path = "kerasfast_quickstart", *, epoc
     trained = fit(digits_convnet, (x_train, y_train), epochs=epochs, learning_rate=3e-3,
                   run_dir=out_dir / "train", **common)
     model = trained.model
-    _, dense_accuracy = model.evaluate(x_test, y_test, verbose=0)
+    dense_loss, dense_accuracy = model.evaluate(x_test, y_test, verbose=0)
     # The fine-tune's learning rate is kerasfast's pruning policy: the
     # training peak again, warm-up then cosine decay (the plan prints it).
     pruned = fit(model, (x_train, y_train), epochs=prune_epochs, prune=sparsity,
@@ -97,6 +97,7 @@ def run_quickstart(out_dir: str | pathlib.Path = "kerasfast_quickstart", *, epoc
         "test_accuracy": float(test_accuracy),
         "test_loss": float(test_loss),
         "dense_test_accuracy": float(dense_accuracy),
+        "dense_test_loss": float(dense_loss),
         "samples_per_second": trained.throughput.samples_per_second,
         "steps_per_second": trained.throughput.steps_per_second,
         "first_execution_s": trained.throughput.first_execution_s,

@@ -135,11 +135,14 @@ def parser(description: str, *, epochs: int, batch_size: int, out: str | None = 
     parser = _RecipeParser(prog=_command_line, description=description)
     # The recipe calling this: Ray Train workers run the same script.
     parser.script = sys._getframe(1).f_globals.get("__file__")
-    parser.add_argument("--epochs", type=positive_int, default=epochs)
-    parser.add_argument("--batch-size", type=positive_int, default=batch_size)
-    parser.add_argument("--precision", default="auto",
-                        choices=["auto", *PRECISIONS])
-    parser.add_argument("--strategy", default="auto", choices=["auto", "none", "mirrored", "multi_worker"])
+    parser.add_argument("--epochs", type=positive_int, default=epochs, help=f"training epochs (default {epochs})")
+    parser.add_argument("--batch-size", type=positive_int, default=batch_size,
+                        help=f"global batch size (default {batch_size})")
+    parser.add_argument("--precision", default="auto", choices=["auto", *PRECISIONS],
+                        help="compute precision (default auto: the plan picks it for the hardware)")
+    parser.add_argument("--strategy", default="auto", choices=["auto", "none", "mirrored", "multi_worker"],
+                        help="tf.distribute strategy (default auto: the multi-worker job TF_CONFIG describes, "
+                             "else MirroredStrategy over this machine's GPUs, else one device)")
     parser.add_argument("--jit", default="auto", choices=["auto", "on", "off"], help="XLA compilation")
     parser.add_argument("--prune", type=_sparsity, default=0.0, metavar="SPARSITY",
                         help="prune to this sparsity while fine-tuning after training (0 = off)")

@@ -51,6 +51,7 @@ def test_quickstart_trains_and_writes_a_run_folder(tmp_path):
     assert "test accuracy" in done.stdout and "samples/s" in done.stdout
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["dense_test_accuracy"] >= 0.98
+    assert 0 < metrics["dense_test_loss"] < 0.2 and 0 < metrics["test_loss"] < 0.2  # getting-started.md names both
     # After pruning to 80% sparsity, within one point of the dense model (seed 0).
     assert metrics["test_accuracy"] >= metrics["dense_test_accuracy"] - 0.01
     assert metrics["samples_per_second"] > 0

@@ -151,3 +151,34 @@ def test_cli_loads_a_model_with_a_lambda_only_when_told_the_file_is_trusted(tmp_
                                                      "--unsafe-deserialization"])
     assert everything.exit_code == 0, everything.output
     assert (tmp_path / "all" / "model.keras").stat().st_size > 0
+
+
+def test_a_report_of_an_export_folder_does_not_block_the_next_export_into_it(saved_model_and_data):
+    import kerasfast
+
+    folder = saved_model_and_data
+    out_dir = folder / "reported"
+    arguments = [str(folder / "model.keras"), str(out_dir), "--formats", "keras"]
+    assert CliRunner().invoke(export_command, arguments).exit_code == 0
+    kerasfast.write_report(out_dir)
+    assert (out_dir / "report.html").exists() and (out_dir / "export.png").exists()
+    again = CliRunner().invoke(export_command, arguments)  # no --overwrite: the report is kerasfast's too
+    assert again.exit_code == 0, again.output
+    assert not (out_dir / "report.html").exists()  # the old export's report went with it
+
+
+def test_a_file_that_is_not_a_keras_archive_is_named_as_such(saved_model_and_data):
+    folder = saved_model_and_data
+    (folder / "fake.keras").write_text("hello\n")
+    result = CliRunner().invoke(export_command, [str(folder / "fake.keras"), str(folder / "bad")])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "is not a .keras file (a zip archive Keras writes)" in result.output and "not found" not in result.output
+    assert not (folder / "bad").exists()
+
+
+def test_int8_io_without_tflite_int8_is_refused(saved_model_and_data):
+    folder = saved_model_and_data
+    result = CliRunner().invoke(export_command, [str(folder / "model.keras"), str(folder / "bad"), "--formats",
+                                                 "keras", "--int8-io"])
+    assert result.exit_code == 1 and "do not include tflite_int8" in result.output
+    assert not (folder / "bad").exists()

@@ -273,6 +273,26 @@ def _write_manifest(out_dir: Path, entries) -> None:
                     temporary=_temp_path(out_dir, "manifest"))
 
 
+def record_written(out_dir, names) -> None:
+    """Adds files written into an export folder after its export (a report of it) to the folder's
+    manifest, so that the next export into it replaces them as its own rather than refusing them as
+    the user's.
+
+    Args:
+        out_dir: An export folder; a folder without a manifest kerasfast can read is left alone.
+        names: Top-level file names in it; the ones that do not exist are skipped.
+    """
+    out_dir = Path(out_dir)
+    with _exclusive(out_dir):
+        recorded = _read_manifest(out_dir)
+        if recorded is None:
+            return
+        entries = {path for paths in recorded.values() for path in paths}
+        added = {name for name in names if (out_dir / name).is_file()} - entries
+        if added:
+            _write_manifest(out_dir, entries | added)
+
+
 @contextlib.contextmanager
 def _exclusive(out_dir: Path):
     """Holds an advisory lock on `out_dir`, so two exports into it cannot interleave.

@@ -50,6 +50,7 @@ def _load_eval(path: str):
 
 def _load_model(model_path: str, *, safe_mode: bool):
     import re
+    import zipfile
 
     import keras
 
@@ -69,6 +70,10 @@ def _load_model(model_path: str, *, safe_mode: bool):
                 "(decorated with @keras.saving.register_keras_serializable), then call "
                 "kerasfast.export.export_model(model, ...)."
             ) from error
+        if not zipfile.is_zipfile(model_path):
+            raise DataError(
+                f"Cannot load {model_path} as a Keras model: it is not a .keras file (a zip archive Keras writes); "
+                "save the model with model.save('model.keras') and pass that file.") from error
         hint = (" If you trust the file, pass --unsafe-deserialization (loading runs the lambda's code)."
                 if safe_mode and "safe_mode" in str(error) else "")
         raise DataError(f"Cannot load {model_path} as a Keras model: {str(error).splitlines()[0]}{hint}") from error

@@ -182,6 +182,11 @@ def export_model(
     num_calibration_samples = preflight.check_positive_int(num_calibration_samples, "num_calibration_samples")
     num_comparison_samples = preflight.check_positive_int(num_comparison_samples, "num_comparison_samples")
     samples = _Samples(representative_data, eval_data, num_calibration_samples, num_comparison_samples)
+    if int8_input_output and "tflite_int8" not in preflight.resolve_formats(formats, representative_data is not None):
+        raise ExportError(
+            "int8_input_output=True (--int8-io) makes tflite_int8's input and output tensors int8, but the formats "
+            "asked for do not include tflite_int8: add it (it needs representative_data, --representative), or "
+            "leave int8_input_output off.")
     checked = _preflight(model, out_dir, formats, samples, overwrite=overwrite,
                          unsafe_deserialization=unsafe_deserialization)
     job = _prepare(model, checked, num_comparison_samples, int8_input_output=int8_input_output,

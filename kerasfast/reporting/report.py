@@ -27,6 +27,10 @@ REPORT_FILE = "report.html"
 CURVES, THROUGHPUT, SPARSITY = "curves.png", "throughput.png", "sparsity.png"
 
 
+# The plot of an export folder's report, beside its report.html.
+EXPORT_PLOT = "export.png"
+
+
 def write_report(folder) -> pathlib.Path:
     """Writes `report.html` (self-contained, plots embedded) and its PNGs into `folder`.
 
@@ -68,8 +72,12 @@ def write_report(folder) -> pathlib.Path:
                                    title=f"Export: {export.name}/")
         return _write_page(folder, f"kerasfast run: {folder.name}", parts)
     if is_export_folder(folder):
-        return _write_page(folder, f"kerasfast export: {folder.name}",
-                           _export_parts(read_export(folder), folder / "export.png", level=2, title="Export"))
+        from kerasfast.export.atomic import record_written
+
+        written = _write_page(folder, f"kerasfast export: {folder.name}",
+                              _export_parts(read_export(folder), folder / EXPORT_PLOT, level=2, title="Export"))
+        record_written(folder, [REPORT_FILE, EXPORT_PLOT])  # a later export into the folder replaces them
+        return written
     runs, exports = run_folders(folder), export_folders(folder)
     if not runs and not exports:
         raise ReportError(
