@@ -2,6 +2,7 @@
 
 import json
 import os
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -596,3 +597,67 @@ def test_a_text_corpus_that_is_not_utf8_is_named_with_the_byte(tmp_path, text_un
     with pytest.raises(DataError, match=r"latin1\.txt is not UTF-8 text: byte 9 \(line 2\) is 0xe9.*> utf8\.txt\."):
         kd.write_tfrecords(str(tmp_path / "latin1.txt"), tmp_path / "out", text_unit=text_unit)
     assert not (tmp_path / "out").exists()
+
+
+def test_cli_convert_names_its_prefix_option_for_files_named_like_its_shards(tmp_path):
+    out = tmp_path / "other"
+    out.mkdir()
+    (out / "data-00000-of-00004.tfrecord").write_bytes(b"another tool's shard")
+    path = tmp_path / "t.csv"
+    path.write_text("a,label\n" + "".join(f"{i},{i % 2}\n" for i in range(6)))
+    runner = CliRunner()
+    refused = runner.invoke(convert_command, [str(path), str(out), "--shards", "2"])
+    assert refused.exit_code == 1
+    assert ("Move them away, write to another folder, or name the shards with a prefix other than 'data' "
+            "(e.g. prefix='train'; kerasfast convert: --prefix train)." in " ".join(refused.output.split()))
+    beside = runner.invoke(convert_command, [str(path), str(out), "--shards", "2", "--prefix", "train"])
+    assert beside.exit_code == 0, beside.output
+    assert sorted(os.listdir(out)) == ["data-00000-of-00004.tfrecord", "schema.json",
+                                       "train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"]
+
+
+def test_cli_convert_says_each_warning_once_as_a_note(tmp_path, recwarn, monkeypatch):
+    from kerasfast.data import writer
+
+    path = tmp_path / "bad.csv"
+    path.write_text("a,b\n1,2\n3,x\n5,6\n")
+    runner = CliRunner()
+    skip = runner.invoke(convert_command, [str(path), str(tmp_path / "f9"), "--csv-dtype", "b=float32",
+                                           "--on-error", "skip"])
+    assert skip.exit_code == 0, skip.output
+    assert "result.skipped" not in skip.output and skip.output.count("\nskipped: ") == 1
+    png = runner.invoke(convert_command, [str(path), str(tmp_path / "f10"), "--image-encoding", "png"])
+    assert png.exit_code == 0, png.output
+    assert png.output.count("applies to no feature") == 1
+    assert "note: image_encoding='png' applies to no feature" in png.output
+    assert not [w for w in recwarn if "write_tfrecords" in str(w.message)]  # none escaped as a raw warning
+
+    real = writer.write_tfrecords
+
+    def warning_twice(*args, **kwargs):
+        for _ in range(2):
+            warnings.warn("something the result does not say.", stacklevel=2)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(writer, "write_tfrecords", warning_twice)
+    other = runner.invoke(convert_command, [str(path), str(tmp_path / "f11"), "--csv-dtype", "b=string"])
+    assert other.exit_code == 0, other.output
+    assert other.output.count("note: something the result does not say\n") == 1
+    assert not [w for w in recwarn if "something" in str(w.message)]
+
+
+def test_a_label_that_is_the_only_feature_is_refused_before_anything_is_written(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("one\ntwo\n")
+    with pytest.raises(DataError, match=r"label 'text' is the only feature of the records, so a model would have "
+                                        r"no input to learn it from; pass label=None \(kerasfast convert: "
+                                        r"--no-label\)"):
+        kd.write_tfrecords(corpus, tmp_path / "new", label="text")
+    assert not (tmp_path / "new").exists()
+    previous = kd.write_tfrecords(corpus, tmp_path / "old", shards=1)
+    before = sorted(os.listdir(tmp_path / "old"))
+    refused = CliRunner().invoke(convert_command, [str(corpus), str(tmp_path / "old"), "--label", "text"])
+    assert refused.exit_code == 1 and "label 'text' is the only feature" in refused.output
+    assert sorted(os.listdir(tmp_path / "old")) == before  # the previous dataset is untouched
+    assert kd.dataset_info(str(tmp_path / "old")).schema.num_records == previous.num_records

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import click
 
 from kerasfast.data.sources import CSV_PARSERS
@@ -28,11 +30,13 @@ from kerasfast.errors import DataError
 @click.option("--overwrite/--no-overwrite", default=True, show_default=True,
               help="Replace a dataset already in OUT_DIR.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the write-time shuffle.")
+@click.option("--prefix", default="data", show_default=True,
+              help="File name prefix of the shards, e.g. to write beside other files named like 'data' shards.")
 @click.option("--csv-dtype", "csv_dtype", multiple=True, metavar="COLUMN=DTYPE",
               help=f"Type of a CSV column instead of the inferred one, DTYPE one of {', '.join(sorted(CSV_PARSERS))} "
                    "(repeat for several columns), e.g. --csv-dtype id=int64.")
 def convert_command(source, out_dir, shards, compression, label, no_label, image_encoding, text_unit,
-                    source_type, on_error, overwrite, seed, csv_dtype):
+                    source_type, on_error, overwrite, seed, prefix, csv_dtype):
     """Convert SOURCE (Parquet/CSV/text file, folder or glob, or an image folder
     with one sub-folder per class) into TFRecord shards in OUT_DIR, with a
     schema.json that `kerasfast.data.tfrecord_dataset` reads."""
@@ -40,7 +44,7 @@ def convert_command(source, out_dir, shards, compression, label, no_label, image
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from kerasfast.data.sources import AUTO
-    from kerasfast.data.writer import write_tfrecords
+    from kerasfast.data.writer import SkippedRecordsWarning, write_tfrecords
 
     if label is not None and no_label:
         raise click.UsageError(f"--label {label} and --no-label contradict each other: pass one of them.")
@@ -53,17 +57,22 @@ def convert_command(source, out_dir, shards, compression, label, no_label, image
         def progress(done, total):
             bar.update(task, completed=done, total=total)
 
-        try:
-            result = write_tfrecords(
-                source, out_dir, shards=shards, compression=None if compression.lower() == "none" else compression,
-                label=None if no_label else (label or AUTO), image_encoding=image_encoding, text_unit=text_unit,
-                source_type=source_type, on_error=on_error, overwrite=overwrite, seed=seed, progress=progress,
-                csv_dtypes=csv_dtypes,
-            )
-        except DataError as exc:
-            raise click.ClickException(str(exc)) from exc
+        # Recorded, not shown: Python would print each with a source line of this file, and the lines below
+        # already say most of them.
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                result = write_tfrecords(
+                    source, out_dir, shards=shards,
+                    compression=None if compression.lower() == "none" else compression,
+                    label=None if no_label else (label or AUTO), image_encoding=image_encoding, text_unit=text_unit,
+                    source_type=source_type, on_error=on_error, overwrite=overwrite, seed=seed, progress=progress,
+                    csv_dtypes=csv_dtypes, prefix=prefix,
+                )
+            except DataError as exc:
+                raise click.ClickException(str(exc)) from exc
     click.echo(str(result))
-    for note in result.notes:
+    for note in [*result.notes, *_unsaid_warnings(caught, result.notes, SkippedRecordsWarning)]:
         click.echo(f"note: {note}")
     for location, reason in result.skipped[:20]:
         click.echo(f"skipped: {location}: {reason}")
@@ -82,3 +91,16 @@ def _csv_dtypes(options) -> dict:
             raise click.BadParameter(f"{option!r}: use COLUMN=DTYPE, e.g. id=int64.", param_hint="--csv-dtype")
         csv_dtypes[column] = dtype
     return csv_dtypes
+
+
+def _unsaid_warnings(caught, notes, skipped_category) -> list:
+    """The messages of the warnings caught during a conversion that the command does not print otherwise:
+    not the skipped records (its `skipped:` lines), nor a warning repeating a note, each message once."""
+    messages = []
+    for warning in caught:
+        message = str(warning.message).strip().removesuffix(".")
+        if issubclass(warning.category, skipped_category) or any(note in message for note in notes):
+            continue
+        if message not in messages:
+            messages.append(message)
+    return messages

@@ -43,6 +43,10 @@ CRASH_ENV = "KERASFAST_TEST_CRASH_AT"
 CRASH_EXIT_CODE = 75
 
 
+class SkippedRecordsWarning(UserWarning):
+    """`write_tfrecords` left out bad records (on_error="skip"); `kerasfast convert` lists them itself."""
+
+
 @dataclasses.dataclass
 class WriteResult:
     """What `write_tfrecords` wrote.
@@ -263,7 +267,7 @@ def write_tfrecords(
     if written.skipped:
         skipped = written.skipped
         warnings.warn(f"write_tfrecords skipped {len(skipped)} bad record(s); first: {skipped[0][0]}: "
-                      f"{skipped[0][1]}. The full list is in result.skipped.", stacklevel=2)
+                      f"{skipped[0][1]}. The full list is in result.skipped.", SkippedRecordsWarning, stacklevel=2)
     files = [os.path.join(out_dir, s.file) for s in shard_infos]
     return WriteResult(out_dir, files, os.path.join(out_dir, SCHEMA_FILENAME), schema, written.num_records,
                        sum(s.num_bytes for s in shard_infos), written.skipped, list(src.notes),
@@ -324,10 +328,11 @@ def _refuse_foreign_shards(out_dir: str, prefix: str) -> None:
                      if entry.is_file() and pattern.fullmatch(entry.name) and entry.name not in ours)
     if foreign:
         shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        example = "train" if prefix != "train" else "train2"
         raise DataError(
             f"{out_dir} holds TFRecord files that no kerasfast {SCHEMA_FILENAME} there lists ({shown}); writing "
-            f"would replace or remove them. Move them away, write to another folder, or pass another prefix= "
-            f"(they are named like prefix {prefix!r}'s shards).")
+            f"would replace or remove them. Move them away, write to another folder, or name the shards with a "
+            f"prefix other than {prefix!r} (e.g. prefix={example!r}; kerasfast convert: --prefix {example}).")
 
 
 def _shard_count(shards, src, target_shard_bytes: int) -> int:
@@ -358,13 +363,14 @@ def _write_records(src, plan: _ShardPlan, encoder: _RecordEncoder, on_error: str
     written = 0
     writers = []
     try:
-        writers = [tf.io.TFRecordWriter(p, options) for p in plan.tmp_paths]
         for location, record in src.records():
             serialized = _encode(encoder, record, location, on_error, skipped)
             if serialized is None:
                 continue
-            if written == 0:
+            if not writers:
+                # Opened only once the first record settled the label, so that a refused label writes no file.
                 _settle_label(src, encoder)
+                writers = [tf.io.TFRecordWriter(p, options) for p in plan.tmp_paths]
             shard = written % plan.count
             writers[shard].write(serialized)
             counts[shard] += 1
@@ -396,12 +402,18 @@ def _encode(encoder: _RecordEncoder, record, location: str, on_error: str, skipp
 
 
 def _settle_label(src, encoder: _RecordEncoder) -> None:
-    """Once the first record fixed the features: picks an optional label, and refuses one that is missing."""
+    """Once the first record fixed the features: picks an optional label, and refuses one that is missing or
+    the only feature."""
     if src.label == LABEL_IF_PRESENT:
         src.label = "label" if "label" in encoder.names else None
     if src.label is not None and src.label not in encoder.names:
         raise DataError(f"label {src.label!r} is not a feature of the records {encoder.names}; pass label= "
                         f"one of them, or label=None.")
+    if src.label is not None and encoder.names == [src.label]:
+        # Refused here rather than at fit time, which would find it only after the whole conversion.
+        raise DataError(f"label {src.label!r} is the only feature of the records, so a model would have no input "
+                        f"to learn it from; pass label=None (kerasfast convert: --no-label) to write it as an "
+                        f"input, or convert a source with features beside the label.")
 
 
 def _no_records_error(src, skipped: list) -> DataError:
