@@ -141,19 +141,23 @@ def test_the_model_facts_see_batch_norm_layers():
 
 
 def test_the_model_facts_see_depthwise_and_recurrent_layers():
+    # The facts phase on its own, then the rules for a bfloat16 CPU and for this machine (no training).
     rng = np.random.default_rng(0)
     images, labels = rng.random((64, 32, 32, 32), dtype=np.float32), rng.integers(0, 2, 64)
-    # Enough math per step (~1 GFLOP) that only the depthwise rule keeps float32.
+    # Enough math per step (~1 GFLOP) that only the depthwise rule keeps float32 on a bfloat16 CPU.
     mobile = keras.Sequential([keras.Input((32, 32, 32)), keras.layers.Conv2D(64, 1), keras.layers.DepthwiseConv2D(3),
                                keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(2)])
-    result = kerasfast.fit(mobile, images, labels, tune="off", **FIT)
-    assert "depthwise" in result.plan.reasons["precision"] or not kerasfast.detect_hardware().cpu_has_bf16
+    found = model_facts(mobile, prepare_data(images, labels, batch_size=64), None)
+    assert found.depthwise_conv_flops > 0
+    precision = resolve_plan(CPU_BF16, model=found, batch_size=64).reasons["precision"]
+    assert "depthwise" in precision
     series = rng.random((64, 8, 4), dtype=np.float32)
     recurrent = keras.Sequential([keras.Input((8, 4)), keras.layers.Bidirectional(keras.layers.GRU(8)),
                                   keras.layers.Dense(2)])
-    result = kerasfast.fit(recurrent, series, labels, tune="off", **FIT)
-    if kerasfast.detect_hardware().accelerator == "cpu":
-        assert result.plan.jit_compile is True and "gru" in result.plan.reasons["jit_compile"]
+    found = model_facts(recurrent, prepare_data(series, labels, batch_size=64), None)
+    assert found.recurrent_layers and found.depthwise_conv_flops == 0
+    plan = resolve_plan(CPU_PLAIN, model=found, batch_size=64)
+    assert plan.jit_compile is True and "gru" in plan.reasons["jit_compile"]
 
 
 def test_xla_on_a_bf16_cpu_uses_the_keras_policy_whatever_the_step_size():

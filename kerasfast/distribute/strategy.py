@@ -18,7 +18,6 @@ import dataclasses
 import json
 import os
 
-from kerasfast import _compat
 from kerasfast.distribute import ray_train
 from kerasfast.errors import PlanError
 from kerasfast.hardware import Hardware
@@ -140,6 +139,8 @@ def _mirrored(devices):
     kerasfast makes one per set of devices, numbered apart from the ones the
     user makes (`_compat.mirrored_strategy`).
     """
+    from kerasfast import _compat  # here: the launcher imports this module without Keras installed
+
     key = tuple(devices)
     if key not in _MIRRORED:
         base = COLLECTIVE_KEY_BASE + COLLECTIVE_KEYS_PER_STRATEGY * len(_MIRRORED)
