@@ -394,19 +394,16 @@ def call_epoch_hooks(adapter) -> None:
     indices a PyDataset reshuffles in `on_epoch_end` shape the next pass, as
     in `model.fit`. `model.fit` also calls `on_epoch_end()` once before its
     first epoch (resetting its epoch iterator), so the first epoch already
-    sees a reshuffled order: the first pass does the same. A PyDataset of
+    sees a reshuffled order: it is called here once, before any pass. A PyDataset of
     unknown length has no passes to hook.
     """
     py_dataset = getattr(adapter, "py_dataset", None)
     if py_dataset is None or py_dataset.num_batches is None:
         return
     batches = adapter._get_iterator  # what Keras's from_generator calls once per pass
-    before_first_pass = [True]
+    py_dataset.on_epoch_end()  # as `model.fit` resetting its epoch iterator
 
     def one_pass():
-        if before_first_pass[0]:
-            before_first_pass[0] = False
-            py_dataset.on_epoch_end()
         py_dataset.on_epoch_begin()
         last = None
         for batch in batches():
