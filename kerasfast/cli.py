@@ -76,9 +76,9 @@ def info(as_json):
 
 @main.command()
 @click.option("--out", "out_dir", default="kerasfast_quickstart", show_default=True, help="Run folder to write.")
-@click.option("--epochs", default=30, show_default=True,
+@click.option("--epochs", default=30, show_default=True, type=click.IntRange(min=1),
               help="Training epochs (the pruning fine-tune after them runs epochs of its own).")
-@click.option("--batch-size", default=64, show_default=True, help="Global batch size.")
+@click.option("--batch-size", default=64, show_default=True, type=click.IntRange(min=1), help="Global batch size.")
 @click.option("--precision", default="auto", show_default=True, type=click.Choice(["auto", *PRECISIONS]),
               help="Compute precision (auto: the plan picks it for the hardware).")
 @click.option("--resume", default="auto", show_default=True, type=click.Choice(["auto", "fresh", "force"]),

@@ -87,6 +87,17 @@ def test_unknown_precision_is_a_usage_error(tmp_path):
     assert "fp8" in done.stderr
 
 
+@pytest.mark.parametrize("option", ["--epochs", "--batch-size"])
+def test_quickstart_refuses_a_count_below_one_naming_the_option(tmp_path, option):
+    from click.testing import CliRunner
+
+    from kerasfast.cli import main
+
+    done = CliRunner().invoke(main, ["quickstart", "--out", str(tmp_path / "q"), option, "0"])
+    assert done.exit_code == 2 and f"Invalid value for '{option}': 0 is not in the range x>=1" in done.output
+    assert not (tmp_path / "q").exists()
+
+
 def test_every_command_is_registered():
     done = run_cli("--help")
     assert done.returncode == 0, done.stderr

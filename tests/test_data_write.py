@@ -239,6 +239,28 @@ def test_cli_convert(tmp_path):
     assert missing.exit_code == 1 and "nope.csv does not exist" in missing.output
 
 
+def test_cli_convert_errors_say_which_option_to_use(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("a,b\n1,2\n3,4\n")
+    runner = CliRunner()
+    no_such_label = runner.invoke(convert_command, [str(path), str(tmp_path / "o1"), "--label", "nope"])
+    assert no_such_label.exit_code == 1 and "Traceback" not in no_such_label.output
+    assert "label 'nope' is not a feature of the records ['a', 'b']" in no_such_label.output
+    assert "kerasfast convert: --label NAME, or --no-label" in no_such_label.output
+    not_a_folder = runner.invoke(convert_command, [str(path), str(tmp_path / "o2"), "--source-type", "images"])
+    assert not_a_folder.exit_code == 1 and "Traceback" not in not_a_folder.output
+    assert "source_type='images' reads a folder with one sub-folder of images per class" in not_a_folder.output
+    assert f"{path} is not a folder" in not_a_folder.output
+    (tmp_path / "blobs").mkdir()
+    (tmp_path / "blobs" / "a.bin").write_bytes(b"\x00\x01")
+    unknown_kind = runner.invoke(convert_command, [str(tmp_path / "blobs"), str(tmp_path / "o3")])
+    assert unknown_kind.exit_code == 1 and "pass source_type= (kerasfast convert: --source-type)" in unknown_kind.output
+    bad_type = runner.invoke(convert_command, [str(path), str(tmp_path / "o4"), "--csv-dtype", "a=int8"])
+    assert bad_type.exit_code == 1 and "csv_dtypes['a']='int8' (kerasfast convert: --csv-dtype a=int8): use one of" \
+        in bad_type.output
+    assert not any((tmp_path / name).exists() for name in ("o1", "o2", "o3", "o4"))
+
+
 @pytest.mark.slow
 def test_streaming_source_keeps_memory_bounded(tmp_path):
     import tracemalloc
@@ -382,7 +404,8 @@ def test_csv_header_problems_are_named_and_an_excel_bom_is_dropped(tmp_path):
         kd.write_tfrecords(str(dup), tmp_path / "out", shards=1)
     typo = tmp_path / "typo.csv"
     typo.write_text("price,label\n1,0\n2,1\n")
-    with pytest.raises(DataError, match=r"csv_dtypes names column\(s\) \['prcie'\] that .*typo\.csv does not have "
+    with pytest.raises(DataError, match=r"csv_dtypes \(kerasfast convert: --csv-dtype\) names column\(s\) \['prcie'\] "
+                                        r"that .*typo\.csv does not have "
                                         r"\('prcie': did you mean 'price'\?\); its columns are \['price', 'label'\]"):
         kd.write_tfrecords(str(typo), tmp_path / "out", csv_dtypes={"prcie": "float32"})
     assert not (tmp_path / "out").exists()

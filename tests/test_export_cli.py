@@ -57,7 +57,7 @@ def test_cli_reports_bad_input_as_a_clear_error(saved_model_and_data):
          "--representative", str(folder / "wrong.npy")],
     )
     assert result.exit_code == 1
-    assert "Error: representative_data samples have shape (3,) but the model input is (8, 8, 1)" in result.output
+    assert "Error: --representative samples have shape (3,) but the model input is (8, 8, 1)" in result.output
     assert "Traceback" not in result.output
     assert not (folder / "bad").exists()
 
@@ -181,4 +181,16 @@ def test_int8_io_without_tflite_int8_is_refused(saved_model_and_data):
     result = CliRunner().invoke(export_command, [str(folder / "model.keras"), str(folder / "bad"), "--formats",
                                                  "keras", "--int8-io"])
     assert result.exit_code == 1 and "do not include tflite_int8" in result.output
+    # The message names this command's options, not export_model's arguments.
+    assert "add it (it needs --representative), or leave --int8-io off" in result.output
+    assert "int8_input_output" not in result.output and "representative_data" not in result.output
     assert not (folder / "bad").exists()
+
+
+def test_int8_without_representative_data_names_the_option(saved_model_and_data):
+    folder = saved_model_and_data
+    result = CliRunner().invoke(export_command, [str(folder / "model.keras"), str(folder / "no_calibration"),
+                                                 "--formats", "keras,tflite_int8"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "calibrates activation ranges and needs --representative DATA.npy" in result.output
+    assert not (folder / "no_calibration").exists()

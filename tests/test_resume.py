@@ -231,7 +231,7 @@ def test_a_backup_from_another_model_is_refused(digits, tmp_path):
     with pytest.raises(PlanError, match="saved for a different run") as refused:
         kerasfast.fit(other_model, (x, y), **options)
     assert "has shape (64, 16) here, (64, 8) in the backup: the model changed" in str(refused.value)
-    assert "resume='fresh'" in str(refused.value)
+    assert "resume='fresh' (command line: --resume fresh)" in str(refused.value)  # the recipes' and quickstart's flag
     result = kerasfast.fit(_model(), (x, y), **options)  # the same model resumes
     assert len(result.history.history["loss"]) == 2
     assert not (tmp_path / "backup").exists()

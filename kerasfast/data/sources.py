@@ -103,6 +103,10 @@ def open_source(
     elif kind == "csv":
         src = _csv_source(_expand_files(source, CSV_SUFFIXES, "CSV"), csv_dtypes or {})
     elif kind == "images":
+        if not isinstance(source, (str, os.PathLike)) or not os.path.isdir(source):
+            shown = os.fspath(source) if isinstance(source, (str, os.PathLike)) else f"a {type(source).__name__}"
+            raise DataError(f"source_type='images' reads a folder with one sub-folder of images per class "
+                            f"(<folder>/<class name>/<image>.png); {shown} is not a folder.")
         src = _image_folder_source(os.fspath(source), shuffle=shuffle, seed=seed, out_dir=out_dir)
     elif kind == "text":
         src = _text_source(_expand_files(source, TEXT_SUFFIXES, "text"), text_unit)
@@ -179,7 +183,7 @@ def _kind_of_files(files, shown, directory=False) -> str:
     if len(kinds) != 1 or "unknown" in kinds:
         raise DataError(
             f"cannot tell what {shown} holds (file kinds found: {sorted(kinds) or 'none'}); use files ending "
-            f"in .parquet, .csv/.tsv or .txt (one kind at a time), or pass source_type=."
+            f"in .parquet, .csv/.tsv or .txt (one kind at a time), or pass source_type= (kerasfast convert: --source-type)."
         )
     return kinds.pop()
 
@@ -522,7 +526,8 @@ def _is_float(text) -> bool:
 def _csv_source(files, csv_dtypes) -> Source:
     for name, dtype in csv_dtypes.items():
         if dtype not in CSV_PARSERS:
-            raise DataError(f"csv_dtypes[{name!r}]={dtype!r}: use one of {sorted(CSV_PARSERS)}.")
+            raise DataError(f"csv_dtypes[{name!r}]={dtype!r} (kerasfast convert: --csv-dtype {name}={dtype}): use "
+                            f"one of {sorted(CSV_PARSERS)}.")
 
     # Column types come from the first rows (or csv_dtypes); the header fixes the names.
     rows = _csv_rows(files[0])
@@ -679,8 +684,8 @@ def _check_csv_header(path, header, csv_dtypes) -> None:
     if unknown:
         hints = {name: difflib.get_close_matches(name, header, n=1) for name in unknown}
         hint = "".join(f" ({name!r}: did you mean {close[0]!r}?)" for name, close in hints.items() if close)
-        raise DataError(f"csv_dtypes names column(s) {unknown} that {path} does not have{hint}; its columns are "
-                        f"{header}.")
+        raise DataError(f"csv_dtypes (kerasfast convert: --csv-dtype) names column(s) {unknown} that {path} does "
+                        f"not have{hint}; its columns are {header}.")
 
 
 def _csv_record(header, parsers, types, csv_dtypes, row):

@@ -408,7 +408,7 @@ def _settle_label(src, encoder: _RecordEncoder) -> None:
         src.label = "label" if "label" in encoder.names else None
     if src.label is not None and src.label not in encoder.names:
         raise DataError(f"label {src.label!r} is not a feature of the records {encoder.names}; pass label= "
-                        f"one of them, or label=None.")
+                        f"one of them, or label=None (kerasfast convert: --label NAME, or --no-label).")
     if src.label is not None and encoder.names == [src.label]:
         # Refused here rather than at fit time, which would find it only after the whole conversion.
         raise DataError(f"label {src.label!r} is the only feature of the records, so a model would have no input "
@@ -638,7 +638,8 @@ class _RecordEncoder:
                     f"{location}: feature {name!r} is a uint8 image with 4 channels (RGBA), which "
                     f"image_encoding='jpeg' cannot store: JPEG has no alpha channel. Pass image_encoding='png' "
                     f"(lossless, keeps the alpha channel), drop the alpha channel to store JPEG "
-                    f"({name}[..., :3]), or image_encoding=None to store the arrays raw.")
+                    f"({name}[..., :3]), or image_encoding=None to store the arrays raw (kerasfast convert: "
+                    f"--image-encoding png, or no --image-encoding).")
             self._image_shapes[name] = arr.shape
             self._image_formats[name] = {self.image_encoding}
             self.encoded_by_option.append(name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import click
@@ -49,7 +50,6 @@ def _load_eval(path: str):
 
 
 def _load_model(model_path: str, *, safe_mode: bool):
-    import re
     import zipfile
 
     import keras
@@ -77,6 +77,26 @@ def _load_model(model_path: str, *, safe_mode: bool):
         hint = (" If you trust the file, pass --unsafe-deserialization (loading runs the lambda's code)."
                 if safe_mode and "safe_mode" in str(error) else "")
         raise DataError(f"Cannot load {model_path} as a Keras model: {str(error).splitlines()[0]}{hint}") from error
+
+
+# export_model's argument spellings in its messages, and this command's options for them.
+_FLAGS = (
+    (re.compile(r"formats=\[([^\]]*)\]"), lambda m: "--formats " + ",".join(re.findall(r"'([^']+)'", m.group(1)))),
+    (re.compile(r"representative_data=\.\.\."), lambda m: "--representative DATA.npy"),
+    (re.compile(r"\brepresentative_data\b"), lambda m: "--representative"),
+    (re.compile(r"\beval_data( x| y)?\b"), lambda m: "--eval" + (m.group(1) or "")),
+    (re.compile(r"\bint8_input_output=True \(--int8-io\)"), lambda m: "--int8-io"),
+    (re.compile(r"\bint8_input_output\b"), lambda m: "--int8-io"),
+    (re.compile(r"\ballow_flex_ops=True\b"), lambda m: "--allow-flex-ops"),
+)
+
+
+def in_flags(message: str) -> str:
+    """An export error's message with export_model's argument names replaced by this command's options, so
+    that it says what to type (e.g. "needs representative_data=..." -> "needs --representative DATA.npy")."""
+    for pattern, flag in _FLAGS:
+        message = pattern.sub(flag, message)
+    return message
 
 
 @click.command("export")
@@ -142,7 +162,7 @@ def export_command(model_path, out_dir, formats, representative, eval_path, int8
             unsafe_deserialization=unsafe_deserialization,
         )
     except KerasfastError as error:
-        raise click.ClickException(str(error)) from error
+        raise click.ClickException(in_flags(str(error))) from error
     click.echo(result.table())
     click.echo(f"\nWrote {result.out_dir} (report.json, report.md; kerasfast-export.json lists what export wrote).")
 

@@ -185,7 +185,7 @@ def export_model(
     if int8_input_output and "tflite_int8" not in preflight.resolve_formats(formats, representative_data is not None):
         raise ExportError(
             "int8_input_output=True (--int8-io) makes tflite_int8's input and output tensors int8, but the formats "
-            "asked for do not include tflite_int8: add it (it needs representative_data, --representative), or "
+            "asked for do not include tflite_int8: add it (it needs representative_data), or "
             "leave int8_input_output off.")
     checked = _preflight(model, out_dir, formats, samples, overwrite=overwrite,
                          unsafe_deserialization=unsafe_deserialization)

@@ -147,8 +147,8 @@ class Backup:
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
             raise PlanError(
                 f"the training-state backup {self.path} cannot be read ({type(error).__name__}: {error}); it is "
-                "damaged (e.g. a disk filled up or it was copied half-way). Pass resume='fresh' to start the run "
-                "again (the backup is replaced), or delete the file."
+                "damaged (e.g. a disk filled up or it was copied half-way). Pass resume='fresh' (command line: --resume "
+                "fresh) to start the run again (the backup is replaced), or delete the file."
             ) from error
 
     def save(self, model, plan, progress: Progress) -> None:
@@ -189,7 +189,8 @@ class Backup:
                     for name in changed]
             raise PlanError(
                 f"the backup in {self.directory} was saved for a different run: {'; '.join(what)}. Pass "
-                "resume='fresh' to start again (the backup is replaced), or another backup_dir=."
+                "resume='fresh' (command line: --resume fresh) to start again (the backup is replaced), or another "
+                "backup_dir=."
             )
         if plan.steps_per_epoch and progress.step >= plan.steps_per_epoch:  # only under force: else steps match
             raise PlanError(
@@ -197,7 +198,7 @@ class Backup:
                 f"{progress.step} of epoch {progress.epoch + 1}, and an epoch of this run has {plan.steps_per_epoch} "
                 f"steps (the batch size or steps_per_epoch changed). Resume with the backup's global batch size "
                 f"({progress.signature.get('global_batch_size')}) and steps_per_epoch "
-                f"({progress.signature.get('steps_per_epoch')}), or pass resume='fresh' to start again."
+                f"({progress.signature.get('steps_per_epoch')}), or pass resume='fresh' (command line: --resume fresh) to start again."
             )
         metric_variables = {id(v) for metric in model.metrics for v in metric.variables}
         metric_values = []

@@ -121,7 +121,7 @@ def _check_resumable(run: Run, plan: Plan) -> None:
             print(f"kerasfast: resume='force': {message}. Resuming anyway.")
         return
     raise PlanError(f"{message}. Re-run with the same arguments to resume exactly, resume='force' to resume anyway, "
-                    "or resume='fresh' to start again.")
+                    "or resume='fresh' to start again (command line: --resume force, --resume fresh).")
 
 
 def _epochs_difference(run: Run, plan: Plan, changed: list[str]) -> list[str]:
