@@ -861,8 +861,7 @@ def resolve_computation(hardware: Hardware, *, model: ModelFacts, data: DataFact
         reasons["jit_compile"] = f"your compile(jit_compile={jit_compile})"
     grad_accum_steps, reasons["grad_accum_steps"] = _resolve_grad_accum_steps(overrides.grad_accum_steps)
     if global_batch % num_replicas:
-        raise PlanError(f"global batch size {global_batch} does not divide over {num_replicas} replicas: "
-                        f"use a multiple of {num_replicas}.")
+        raise PlanError(_indivisible_batch_message(global_batch, num_replicas, data))
     per_replica = global_batch // num_replicas
     reasons["per_replica_batch_size"] = f"{global_batch} / {num_replicas} replica(s)"
     precision, reasons["precision"] = _resolve_model_precision(
@@ -1097,6 +1096,20 @@ def _resolve_grad_accum_steps(grad_accum_steps) -> tuple[int, str]:
     if grad_accum_steps == 1:
         return 1, "1: update every step"
     return grad_accum_steps, f"{grad_accum_steps}: gradients of {grad_accum_steps} steps are averaged into one update"
+
+
+def _indivisible_batch_message(global_batch: int, num_replicas: int, data: DataFacts) -> str:
+    """Why `global_batch` cannot be split over the replicas, and what to pass instead; for batched data, where
+    the number came from (its first batch, which is all of it when it holds fewer samples than its batch size)."""
+    multiple = -(-global_batch // num_replicas) * num_replicas
+    if data.batch_size is None:
+        return (f"global batch size {global_batch} does not divide over {num_replicas} replicas: use a multiple of "
+                f"{num_replicas} (e.g. batch_size={multiple}).")
+    return (f"the dataset's first batch holds {global_batch} sample(s), which makes {global_batch} its global batch "
+            f"size (batched data keeps its batches, as in Keras's fit), and {global_batch} does not divide over "
+            f"{num_replicas} replicas: batch it by a multiple of {num_replicas} (e.g. "
+            f"dataset.unbatch().batch({multiple})). A dataset holding fewer samples than the batch size it was "
+            f"batched by has one batch of all of them.")
 
 
 def _resolve_global_batch(batch_size, data: DataFacts, overridden: list) -> tuple[int, str]:

@@ -381,8 +381,17 @@ def test_linear_learning_rate_scaling_is_opt_in_and_reported():
                           num_replicas=2, scale_lr=True)
     assert scaled.learning_rate == pytest.approx(0.02)
     assert "linear scaling" in scaled.reasons["learning_rate"] and "learning_rate" in scaled.overridden
-    with pytest.raises(PlanError, match="does not divide over 2 replicas"):
+    with pytest.raises(PlanError, match=r"global batch size 33 does not divide over 2 replicas: use a multiple of "
+                                        r"2 \(e\.g\. batch_size=34\)"):
         resolve_plan(CPU_BF16, batch_size=33, num_replicas=2)
+
+
+def test_a_batched_dataset_whose_first_batch_does_not_divide_over_the_replicas_is_named_as_such():
+    # A dataset of 1 sample batched by 32 has a first batch of 1: the message says where the 1 came from.
+    with pytest.raises(PlanError, match=r"the dataset's first batch holds 1 sample\(s\), which makes 1 its global "
+                                        r"batch size .* does not divide over 2 replicas: batch it by a multiple of 2 "
+                                        r"\(e\.g\. dataset\.unbatch\(\)\.batch\(2\)\)\. A dataset holding fewer"):
+        resolve_plan(CPU_BF16, data=DataFacts(batch_size=1, steps_per_epoch=1), batch_size=32, num_replicas=2)
 
 
 def test_a_subclassed_models_own_loss_code_keeps_float32_where_auto_would_mix():
