@@ -102,13 +102,16 @@ def test_the_launcher_restarts_a_job_killed_three_times_and_it_ends_bit_identica
 
 
 @pytest.mark.slow
-def test_a_worker_that_loses_its_peer_fails_in_bounded_time_naming_it(tmp_path):
+@pytest.mark.parametrize("how", ["killed while training", "exited before fit"])
+def test_a_worker_that_loses_its_peer_fails_in_bounded_time_naming_it(tmp_path, how):
     from kerasfast.distribute.launch import free_ports, tf_config
 
     workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
     env = {**ENV, "KERASFAST_COLLECTIVE_TIMEOUT": "30"}
+    kill = ["1", "7"] if how == "killed while training" else []
+    env["EXIT_BEFORE_FIT"] = "1" if how == "exited before fit" else "0"
     processes = [
-        subprocess.Popen([sys.executable, str(RESUMABLE), str(tmp_path / "run"), "multi_worker", "1", "7"],
+        subprocess.Popen([sys.executable, str(RESUMABLE), str(tmp_path / "run"), "multi_worker", *kill],
                          env={**env, "TF_CONFIG": tf_config(workers, index)}, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
         for index in range(2)
@@ -118,7 +121,7 @@ def test_a_worker_that_loses_its_peer_fails_in_bounded_time_naming_it(tmp_path):
     victim.wait(timeout=300)
     output, _ = survivor.communicate(timeout=120)  # must not hang
     elapsed = time.monotonic() - start
-    assert victim.returncode == -9
+    assert victim.returncode == (-9 if how == "killed while training" else 0)
     assert survivor.returncode != 0
     assert "LostWorkerError: worker 0 lost contact with worker(s) 1" in output or \
         "LostWorkerError: worker 0 lost contact with a peer worker" in output, output[-3000:]

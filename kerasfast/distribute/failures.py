@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Callable
 
 from kerasfast.errors import LostWorkerError
 
@@ -19,17 +20,25 @@ def _lost_tasks(message: str) -> list[int]:
 
 
 @contextlib.contextmanager
-def lost_peer_errors(distribution):
-    """Re-raises a collective failure of a multi-worker run as `LostWorkerError`."""
-    if distribution.name != "multi_worker":
-        yield
-        return
+def lost_peer_errors(distribution_of: Callable[[], object | None]):
+    """Re-raises a collective failure of a multi-worker run as `LostWorkerError`.
+
+    Args:
+        distribution_of: Returns the run's distribution (None before it is
+            resolved), read when an error comes: a peer can be lost in any
+            phase whose collectives wait for it (the plan's agreement, the
+            first weights' broadcast, training, the end of the run), e.g. a
+            worker that exited before its first step.
+    """
     import tensorflow as tf
 
     try:
         yield
     except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.CancelledError,
             tf.errors.AbortedError, tf.errors.InternalError) as error:
+        distribution = distribution_of()
+        if distribution is None or distribution.name != "multi_worker":
+            raise
         me = distribution.cluster.index
         lost = [task for task in _lost_tasks(str(error)) if task != me]
         who = f"worker(s) {', '.join(map(str, lost))}" if lost else "a peer worker"

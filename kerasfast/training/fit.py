@@ -23,6 +23,7 @@ from kerasfast import _compat
 from kerasfast._checks import is_int, is_number
 from kerasfast.data import service
 from kerasfast.data.validation import ON_ERROR
+from kerasfast.distribute.failures import lost_peer_errors
 from kerasfast.errors import PlanError
 from kerasfast.plan import Overrides, Plan
 from kerasfast.training import facts, feed, finish, model_setup, planning, searches, trainer
@@ -271,22 +272,23 @@ def fit(
         tune = "off"
     given = dict(locals())  # fit's arguments, by name
     run = Run(model, _arguments(model, x, data, given, options), _feed(given, x, data))
-    facts.start(run)
-    feed.prepare(run, run.args.overrides.batch_size)
-    model_setup.prepare(run)
-    searches.run_searches(run)
-    planning.plan_run(run)
-    with contextlib.ExitStack() as cleanup:
-        # Tuning and training in one borrowed block: training goes on with
-        # the steps tuning compiled, which read the block's learning rate.
-        with borrowed(run.train_model, run.plan) as rate_control:
-            trainer.attach_pruning(run)
-            tune_plan(run)
-            _show_plan(run)
-            trainer.open_run_folder(run, cleanup)
-            trainer.train(run, rate_control)
-        result = _result(run, finish.finish_model(run))
-        finish.write_run_folder(run, result)
+    with lost_peer_errors(lambda: run.distribution):
+        facts.start(run)
+        feed.prepare(run, run.args.overrides.batch_size)
+        model_setup.prepare(run)
+        searches.run_searches(run)
+        planning.plan_run(run)
+        with contextlib.ExitStack() as cleanup:
+            # Tuning and training in one borrowed block: training goes on with
+            # the steps tuning compiled, which read the block's learning rate.
+            with borrowed(run.train_model, run.plan) as rate_control:
+                trainer.attach_pruning(run)
+                tune_plan(run)
+                _show_plan(run)
+                trainer.open_run_folder(run, cleanup)
+                trainer.train(run, rate_control)
+            result = _result(run, finish.finish_model(run))
+            finish.write_run_folder(run, result)
     finish.say_how_it_went(run, result)
     return result
 

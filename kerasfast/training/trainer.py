@@ -12,7 +12,6 @@ import tempfile
 
 from kerasfast import _compat
 from kerasfast.distribute import worker_state
-from kerasfast.distribute.failures import lost_peer_errors
 from kerasfast.distribute.strategy import scope_of
 from kerasfast.errors import PlanError
 from kerasfast.runs import DEFAULT_ROOT, new_run_dir, write_json
@@ -75,7 +74,7 @@ def train(run: Run, rate_control) -> None:
         run.guard = DivergenceGuard(**run.args.divergence, snapshot_every_steps=run.args.backup_every,
                                     grad_accum_steps=plan.grad_accum_steps, learning_rate=rate_control,
                                     variables=lambda: training_variables(model), is_chief=run.is_chief)
-        with scope_of(run.strategy), lost_peer_errors(run.distribution), rate_setting_errors(plan), \
+        with scope_of(run.strategy), rate_setting_errors(plan), \
                 errors_naming_the_data(run.feed.x, run.feed.y, run.feed.validation_data, run.feed.validation_steps):
             verbose = run.args.verbose if run.is_chief else 0
             run.history = run_epochs(

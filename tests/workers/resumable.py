@@ -10,6 +10,9 @@ of this process, wherever it resumed); with DELAY_MS, that many milliseconds
 later, from another thread (so the kill can land anywhere, in the middle of
 writing a backup included).
 
+With the environment variable EXIT_BEFORE_FIT=1, worker 1 exits with status 0
+before it calls fit, as a script ending early by mistake would.
+
 Under `kerasfast launch --restarts`, the environment variable KILLS (JSON,
 {"ATTEMPT": [WORKER, EXECUTIONS, DELAY_MS], ...}) instead has worker WORKER
 of that attempt kill itself after EXECUTIONS executions, DELAY_MS later.
@@ -41,6 +44,8 @@ import numpy as np  # noqa: E402
 from kerasfast import datasets  # noqa: E402
 
 index = kerasfast.distribute.cluster_from_env().index
+if index == 1 and os.environ.get("EXIT_BEFORE_FIT") == "1":
+    sys.exit(0)
 (x, y), _ = datasets.digits()
 x, y = x[:640].reshape(640, 64), y[:640]
 
