@@ -52,6 +52,84 @@ def test_gradient_accumulation_equals_one_large_batch(digits):
     assert not np.allclose(plain.get_weights()[0], large.get_weights()[0], atol=1e-3)
 
 
+class _WithUnusedWeight(keras.layers.Layer):
+    """A layer with a weight its output never uses (an unused pooler or head): it gets no gradient."""
+
+    def build(self, shape):
+        self.kernel = self.add_weight(shape=(shape[-1], 16), name="kernel")
+        self.unused = self.add_weight(shape=(3,), initializer="ones", name="unused")
+
+    def call(self, x):
+        return keras.ops.tanh(x @ self.kernel)
+
+
+def test_gradient_accumulation_leaves_a_weight_without_gradient_alone_as_keras_does(digits):
+    x, y = _flat_digits(digits, 128)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def model():
+        keras.utils.set_random_seed(3)
+        return keras.Sequential([keras.Input((64,)), _WithUnusedWeight(), keras.layers.Dense(10)])
+
+    expected = model()
+    expected.compile(optimizer=keras.optimizers.AdamW(0.01, gradient_accumulation_steps=2), loss=loss)
+    expected.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    trained = model()
+    kerasfast.fit(trained, (x, y), batch_size=16, grad_accum_steps=2, optimizer=keras.optimizers.AdamW(0.01),
+                  loss=loss, precision="float32", jit_compile=False, shuffle=False, epochs=1, **QUIET)
+    np.testing.assert_array_equal(trained.layers[0].unused.numpy(), np.ones(3, "float32"))  # no weight decay either
+    for a, b in zip(expected.get_weights(), trained.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+_UNUSED_WEIGHT_UNDER_MIRRORED = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    import tensorflow as tf
+    tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
+                                               [tf.config.LogicalDeviceConfiguration()] * 2)
+    import keras
+    import kerasfast
+
+    class WithUnusedWeight(keras.layers.Layer):
+        def build(self, shape):
+            self.kernel = self.add_weight(shape=(shape[-1], 4), name="kernel")
+            self.unused = self.add_weight(shape=(3,), initializer="ones", name="unused")
+
+        def call(self, x):
+            return x @ self.kernel
+
+    x = np.random.default_rng(0).normal(size=(64, 8)).astype("float32")
+    results = {}
+    for strategy in ("none", "mirrored"):
+        for accumulate in (1, 2):
+            keras.utils.set_random_seed(1)
+            model = keras.Sequential([keras.Input((8,)), WithUnusedWeight(), keras.layers.Dense(1)])
+            kerasfast.fit(model, x, x[:, :1], loss="mse", optimizer=keras.optimizers.SGD(0.1), strategy=strategy,
+                          clipnorm=0.5, grad_accum_steps=accumulate, batch_size=16, shuffle=False, epochs=1,
+                          precision="float32", jit_compile=False, tune="off", run_dir=False, verbose=0)
+            results[f"{strategy}/{accumulate}"] = [w.tolist() for w in model.get_weights()]
+    json.dump(results, open(sys.argv[1], "w"))
+    """
+)
+
+
+def test_a_weight_without_gradient_under_mirrored_with_clipping_and_accumulation(tmp_path):
+    # The summed-then-clipped gradient of several replicas (fit's clipnorm=) all-reduced a None (was
+    # "None values not supported"); both replicas together train as one does.
+    out = tmp_path / "weights.json"
+    done = subprocess.run([sys.executable, "-c", _UNUSED_WEIGHT_UNDER_MIRRORED, str(out)], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(out.read_text())
+    for accumulate in (1, 2):
+        one, two = results[f"none/{accumulate}"], results[f"mirrored/{accumulate}"]
+        assert two[1] == [1.0, 1.0, 1.0]
+        for a, b in zip(one, two, strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-6, err_msg=f"grad_accum_steps={accumulate}")
+
+
 def test_gradient_accumulation_with_mixed_float16(digits):
     x, y = _flat_digits(digits)
     result = kerasfast.fit(_dense_model(), (x, y), batch_size=16, grad_accum_steps=4, precision="mixed_float16",

@@ -160,6 +160,7 @@ class StepFunctions:
         self.grad_accum_steps = grad_accum_steps
         self.jit_compile = jit_compile
         self._accumulators = None
+        self._without_gradient = None  # per trainable weight: no gradient in the micro-step traced last
         self._compute_fn = None
         self._executions = {}  # update pattern -> its compiled execution
         self._input_wait = None
@@ -232,23 +233,30 @@ class StepFunctions:
         replicas = self.strategy.num_replicas_in_sync
         if self.clipnorm is None or replicas == 1:
             return gradients
-        summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, gradients)
-        clipped, _ = tf.clip_by_global_norm(summed, self.clipnorm)
-        return [gradient / replicas for gradient in clipped]
+        present = [gradient for gradient in gradients if gradient is not None]  # a weight the loss never reaches
+        summed = iter(tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, present))
+        clipped, _ = tf.clip_by_global_norm([None if gradient is None else next(summed) for gradient in gradients],
+                                            self.clipnorm)
+        return [None if gradient is None else gradient / replicas for gradient in clipped]
 
     def _make_replica_micro_step(self, compute):
         def micro_step(data):
             x, y, sample_weight = _unpack(data)
             loss, y_pred, gradients = compute(x, y, sample_weight)
+            # A weight the loss does not reach (an unused head) has no gradient: as in Keras's own
+            # accumulation, the optimizer leaves it alone (read by _replica_apply, traced after this).
+            self._without_gradient = [gradient is None for gradient in gradients]
             for accumulator, gradient in zip(self._accumulators, gradients, strict=True):
-                accumulator.assign_add(gradient)
+                if gradient is not None:
+                    accumulator.assign_add(gradient)
             return self._track(x, y, y_pred, sample_weight, loss)
 
         return micro_step
 
     def _replica_apply(self):
         model = self.model
-        gradients = [accumulator / self.grad_accum_steps for accumulator in self._accumulators]
+        gradients = [None if missing else accumulator / self.grad_accum_steps
+                     for accumulator, missing in zip(self._accumulators, self._without_gradient, strict=True)]
         self.optimizer.apply(self._clipped_globally(gradients), model.trainable_variables)
         for accumulator in self._accumulators:
             accumulator.assign(keras.ops.zeros_like(accumulator))
