@@ -316,3 +316,23 @@ def test_configure_threads_after_start_raises():
     tf.constant(1.0)  # TensorFlow is running in the test process
     with pytest.raises(RuntimeError, match="top of the script"):
         kerasfast.configure_threads()
+
+
+@pytest.mark.parametrize("optimizer, option, message", [
+    (lambda: keras.optimizers.SGD(0.5, clipvalue=1e-3), {"clipnorm": 10.0},
+     r"clipnorm=10\.0 clips the gradient's global norm, but the optimizer 'sgd' clips it already \(clipvalue=0\.001\)"),
+    (lambda: keras.optimizers.Adam(gradient_accumulation_steps=2), {"grad_accum_steps": 2},
+     r"grad_accum_steps=2 accumulates gradients, and the optimizer 'adam' does too \(gradient_accumulation_steps=2\): "
+     r"together they would update every 4 steps"),
+])
+def test_fits_clipping_or_accumulation_beside_the_optimizers_own_is_refused_before_training(digits, optimizer, option,
+                                                                                          message):
+    # Was: fit's clipnorm silently replaced the optimizer's clipvalue for the run; the two accumulations multiplied.
+    x, y = _flat_digits(digits, 64)
+    model = _dense_model()
+    before = [w.copy() for w in model.get_weights()]
+    with pytest.raises(kerasfast.PlanError, match=message):
+        kerasfast.fit(model, (x, y), batch_size=16, optimizer=optimizer(), loss="sparse_categorical_crossentropy",
+                      precision="float32", **option, **QUIET)
+    for a, b in zip(before, model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -82,6 +82,7 @@ def check(run: Run, plan: Plan) -> Plan:
             a resumed backup whose plan computes differently (unless
             `resume="force"`), or workers whose plans differ.
     """
+    _check_against_the_optimizer(plan, run.train_model.optimizer)
     if plan.jit_compile and plan.train_step == "kerasfast":
         with scope_of(run.strategy):
             plan = checked_jit(plan, run.train_model, run.train_data.sample_inputs)
@@ -89,6 +90,31 @@ def check(run: Run, plan: Plan) -> Plan:
         _check_resumable(run, plan)
     check_same_plan(run.distribution, plan)
     return plan
+
+
+def _check_against_the_optimizer(plan: Plan, optimizer) -> None:
+    """Refuses the plan's clipping or accumulation where the optimizer does its own of the same kind: the run
+    would silently set the optimizer's aside (Keras allows one clipping per optimizer) or multiply the two
+    accumulations (a larger effective batch than the plan states)."""
+    if optimizer is None:
+        return
+    from kerasfast.training.optimizers import unwrap
+
+    inner = unwrap(optimizer)
+    own_clipping = [f"{name}={getattr(inner, name)}" for name in ("clipnorm", "clipvalue", "global_clipnorm")
+                    if getattr(inner, name, None) is not None]
+    if plan.clipnorm is not None and own_clipping:
+        raise PlanError(
+            f"clipnorm={plan.clipnorm} clips the gradient's global norm, but the optimizer {inner.name!r} clips it "
+            f"already ({', '.join(own_clipping)}); Keras allows one clipping per optimizer. Pass clipnorm= to fit, "
+            "or keep the optimizer's own clipping and leave fit's clipnorm= out.")
+    own_accumulation = getattr(inner, "gradient_accumulation_steps", None) or 1
+    if plan.grad_accum_steps > 1 and own_accumulation > 1:
+        raise PlanError(
+            f"grad_accum_steps={plan.grad_accum_steps} accumulates gradients, and the optimizer {inner.name!r} does "
+            f"too (gradient_accumulation_steps={own_accumulation}): together they would update every "
+            f"{plan.grad_accum_steps * own_accumulation} steps. Pass grad_accum_steps= to fit (it works under "
+            "every strategy), or keep the optimizer's own and leave fit's out.")
 
 
 def checked_jit(plan: Plan, model, sample_inputs) -> Plan:
