@@ -307,6 +307,8 @@ class ModelFacts:
             (a `LossScaleOptimizer`).
         built_under: The mixed dtype policy the model's layers were built
             under (e.g. a global "mixed_float16"), None for float32.
+        float64_layers: Layers computing in float64 (`dtype="float64"`, or
+            `keras.config.set_floatx("float64")`), which keep it.
     """
 
     layers_without_jit: tuple[str, ...] = ()
@@ -329,6 +331,7 @@ class ModelFacts:
     run_eagerly: bool = False
     loss_scaled: bool = False
     built_under: str | None = None
+    float64_layers: tuple[str, ...] = ()
 
     @property
     def normalised_stack(self) -> bool:
@@ -866,6 +869,11 @@ def resolve_computation(hardware: Hardware, *, model: ModelFacts, data: DataFact
     reasons["per_replica_batch_size"] = f"{global_batch} / {num_replicas} replica(s)"
     precision, reasons["precision"] = _resolve_model_precision(
         hardware, overrides.precision, model, train_step, per_replica, jit_compile, chosen_jit)
+    if model.float64_layers:
+        shown = ", ".join(repr(name) for name in model.float64_layers[:3])
+        more = f" and {len(model.float64_layers) - 3} more" if len(model.float64_layers) > 3 else ""
+        reasons["precision"] += (f"; {len(model.float64_layers)} layer(s) computing in float64 as built ({shown}{more}) "
+                                 f"keep float64")
     steps_per_epoch, reasons["steps_per_epoch"] = _resolve_steps_per_epoch(overrides.steps_per_epoch, data,
                                                                            global_batch, overridden)
     if train_step == "keras":

@@ -290,3 +290,34 @@ def test_an_asked_mixed_precision_a_layer_mixes_float32_into_is_refused_before_t
     model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     history = model.fit(x, y, epochs=1, batch_size=32, verbose=0)
     assert np.isfinite(history.history["loss"][0])
+
+
+class _SeesDtype(keras.layers.Layer):
+    """Records the dtype of what reaches it in the traced steps."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.seen = []
+
+    def call(self, x):
+        self.seen.append(keras.backend.standardize_dtype(x.dtype))
+        return x
+
+
+@pytest.mark.parametrize("precision", ["auto", "mixed_bfloat16"])
+def test_layers_computing_in_float64_keep_float64_and_the_plan_says_so(precision):
+    # Was: the plan's policy replaced the float64 one for the run, so a model built in float64 for its
+    # numerics trained in float32 (or bfloat16) without a word.
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 4))
+    keras.utils.set_random_seed(0)
+    sees = _SeesDtype(dtype="float64")
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, dtype="float64", name="precise"), sees,
+                              keras.layers.Dense(1)])
+    result = kerasfast.fit(model, x, x.sum(axis=1, keepdims=True), loss="mse", optimizer="sgd", epochs=1,
+                           batch_size=16, precision=precision, jit_compile=False, tune="off", run_dir=False,
+                           verbose=0)
+    assert set(sees.seen) == {"float64"}
+    assert model.layers[0].compute_dtype == "float64" and model.layers[0].kernel.dtype == "float64"
+    assert "2 layer(s) computing in float64 as built ('precise', " in result.plan.reasons["precision"]
+    assert result.plan.reasons["precision"].endswith("keep float64")

@@ -179,6 +179,7 @@ def model_facts(model, train_data, optimizer) -> ModelFacts:
         run_eagerly=bool(settings.get("run_eagerly")),
         loss_scaled=isinstance(template, keras.optimizers.LossScaleOptimizer),
         built_under=_mixed_policy(layers),
+        float64_layers=tuple(layer.name for layer in layers if getattr(layer, "compute_dtype", None) == "float64"),
     )
 
 

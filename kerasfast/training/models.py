@@ -19,6 +19,9 @@ from kerasfast.distribute.strategy import scope_of
 from kerasfast.errors import DataError, ModelError
 
 FLOAT_POLICIES = ("float32", "float16", "bfloat16", "float64", "mixed_float16", "mixed_bfloat16")
+# A layer the user made compute in float64 asked for its precision, not for speed: the plan's policy leaves it
+# as it is (its variables are float64 too).
+KEPT_POLICIES = ("float64",)
 
 
 @contextlib.contextmanager
@@ -85,7 +88,7 @@ def clone_under(model, policy: str, remat: str | None = None):
     def clone_layer(layer):
         config = layer.get_config()
         current = getattr(layer, "dtype_policy", None)
-        if current is not None and current.name in FLOAT_POLICIES:
+        if current is not None and current.name in FLOAT_POLICIES and current.name not in KEPT_POLICIES:
             config["dtype"] = "float32" if layer.name in keep_float32 else policy
         return layer.__class__.from_config(config)
 
@@ -174,7 +177,8 @@ def computing_in(model, policy: str, remat: str | None = None):
     compute dtype in place is exact: nothing is rebuilt or copied, and the
     model object the user holds is the one that trains. Layers whose outputs
     leave the model (or a nested functional model) stay float32, as do the
-    layers a model built under a mixed policy keeps in float32.
+    layers a model built under a mixed policy keeps in float32; float64
+    layers keep float64 (`KEPT_POLICIES`).
 
     Args:
         model: A Keras model (any kind, built or not).
@@ -198,7 +202,7 @@ def computing_in(model, policy: str, remat: str | None = None):
         if current is None or current.name not in FLOAT_POLICIES:
             continue  # quantised layers and policy maps keep theirs
         saved.append((layer, current, _compat.get_remat(layer)))
-        wanted = "float32" if id(layer) in kept else policy
+        wanted = current.name if current.name in KEPT_POLICIES else "float32" if id(layer) in kept else policy
         if wanted != current.name:
             layer.dtype_policy = wanted
         if mode is not None and not isinstance(layer, keras.Model) and layer.weights:
