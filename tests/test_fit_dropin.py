@@ -112,6 +112,33 @@ def test_validation_split_takes_a_string_tensor_as_keras_does():
     assert np.isfinite(result.history.history["val_loss"]).all()
 
 
+@pytest.mark.parametrize("kind", ["numpy", "numpy objects", "pandas"])
+def test_string_arrays_train_and_validate_with_split_or_validation_data(kind):
+    # kerasfast trains on NumPy and pandas strings; validating on them failed with Keras's "Invalid dtype: str160"
+    # (validation_data) or a DataError (validation_split): Keras's own array handling takes only tf.string.
+    import pandas as pd
+
+    words = np.array(["red", "green", "blue", "cyan"])[np.random.default_rng(0).integers(0, 4, 80)]
+    labels = (words == "red").astype("float32")
+    column = {"numpy": words[:, None], "numpy objects": words[:, None].astype(object),
+              "pandas": pd.DataFrame({"colour": words})}[kind]
+
+    def model():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((1,), dtype="string")
+        looked_up = keras.layers.StringLookup(vocabulary=["red", "green", "blue", "cyan"], output_mode="one_hot")
+        built = keras.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(looked_up(inputs)))
+        built.compile(keras.optimizers.SGD(0.1), "binary_crossentropy")
+        return built
+
+    for validation in ({"validation_split": 0.25}, {"validation_data": (column, labels)}):
+        counted = _BatchCount()
+        result = kerasfast.fit(model(), column, labels, epochs=1, batch_size=20, shuffle=False, callbacks=[counted],
+                               run_dir=False, verbose=0, **validation)
+        assert np.isfinite(result.history.history["val_loss"]).all(), validation
+        assert counted.test_batches == (1 if "validation_split" in validation else 4), validation
+
+
 def test_a_history_among_the_callbacks_is_the_models_history_as_in_keras():
     own = keras.callbacks.History()
     model = _model()

@@ -236,9 +236,28 @@ def split_validation(x, y, sample_weight, validation_split):
         )
     x, y, sample_weight = (_arrays(part) if part is not None else None for part in (x, y, sample_weight))
     try:
-        return _compat.train_validation_split((x, y, sample_weight), validation_split)
+        return _compat.train_validation_split((_with_string_tensors(x), y, sample_weight), validation_split)
     except ValueError as error:
         raise DataError(f"validation_split={validation_split}: {error}") from error
+
+
+def _holds_strings(leaf) -> bool:
+    return isinstance(leaf, np.ndarray) and (leaf.dtype.kind in "US" or (
+        leaf.dtype.kind == "O" and leaf.size > 0 and isinstance(leaf.flat[0], (str, bytes))))
+
+
+def _with_string_tensors(structure):
+    """`structure` with its NumPy (or pandas) string arrays as `tf.string` tensors, the only strings Keras's
+    own array handling takes (its validation split and its evaluation of `validation_data`); kerasfast's
+    training reads NumPy strings itself."""
+    import keras
+    import tensorflow as tf
+
+    def convert(leaf):
+        array = _as_array(leaf) if hasattr(leaf, "to_numpy") or isinstance(leaf, np.ndarray) else leaf
+        return tf.constant(array) if _holds_strings(array) else leaf
+
+    return keras.tree.map_structure(convert, keras.tree.lists_to_tuples(structure)) if structure is not None else None
 
 
 def _check_not_strings(part, name: str, what: str) -> None:
@@ -246,8 +265,7 @@ def _check_not_strings(part, name: str, what: str) -> None:
     import keras
 
     for leaf in keras.tree.flatten(part) if part is not None else []:
-        if isinstance(leaf, np.ndarray) and (leaf.dtype.kind in "US" or (
-                leaf.dtype.kind == "O" and leaf.size and isinstance(leaf.flat[0], (str, bytes)))):
+        if _holds_strings(leaf):
             raise DataError(
                 f"{what}: {name} holds strings ({leaf.flat[0]!r}, ...), but a loss needs numbers: encode the labels "
                 "as integers first (e.g. keras.layers.StringLookup(num_oov_indices=0) or np.unique(y, "
@@ -639,7 +657,7 @@ def validation_arguments(validation_data, batch_size, steps, freq, train_data, o
     if validation_data is None:
         return {}
     if isinstance(validation_data, (tuple, list)) and 2 <= len(validation_data) <= 3:
-        validation_data = tuple(validation_data)
+        validation_data = (_with_string_tensors(validation_data[0]), *validation_data[1:])
     if isinstance(validation_data, (str, os.PathLike)) or steps is not None:
         # kerasfast's evaluation runs whole executions until the data ends, so
         # validation_steps is applied to the data itself.
