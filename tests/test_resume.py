@@ -16,6 +16,7 @@ import pytest
 
 import kerasfast
 from kerasfast.errors import PlanError
+from kerasfast.training.backup import Backup
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESUMABLE = ROOT / "tests" / "workers" / "resumable.py"
@@ -485,3 +486,28 @@ def test_the_loss_a_backup_records_reads_the_same_in_the_resumed_process():
     assert "0x" not in _loss_description(_LossWithAnObject())
     assert _loss_description(_LossWithAnObject()) == _loss_description(_LossWithAnObject())
     assert '"ignore_class": 1' in _loss_description(keras.losses.SparseCategoricalCrossentropy(ignore_class=1))
+
+
+def test_data_of_unknown_length_is_backed_up_at_epoch_ends_and_resumes_exactly(digits, tmp_path):
+    # Mid-epoch backups compared the step with steps_per_epoch, None for such data: a TypeError once an epoch
+    # passed backup_every batches. A resume places itself in an epoch by its step, so they get epoch-end ones.
+    import tensorflow as tf
+
+    (x, y), _ = digits
+    x = x[:320].reshape(320, 64)
+
+    def unknown_length():
+        dataset = tf.data.Dataset.from_tensor_slices((x, y[:320])).filter(lambda *_: True).batch(32)
+        assert int(dataset.cardinality()) == tf.data.UNKNOWN_CARDINALITY
+        return dataset
+
+    options = {**_OPTIONS, "epochs": 3, "shuffle": False, "tune": "off"}
+    whole = kerasfast.fit(_model(), unknown_length(), run_dir=tmp_path / "whole", **options)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        kerasfast.fit(_model(), unknown_length(), run_dir=tmp_path / "cut", callbacks=[_CrashInEpoch(1)], **options)
+    progress = Backup(tmp_path / "cut" / "backup").progress()
+    assert (progress.epoch, progress.step) == (1, 0)  # the end of the first epoch, not step 4 or 6 of the second
+    resumed = kerasfast.fit(_model(), unknown_length(), run_dir=tmp_path / "cut", **options)
+    for a, b in zip(whole.model.get_weights(), resumed.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert resumed.history.history["loss"] == whole.history.history["loss"]

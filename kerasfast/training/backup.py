@@ -260,7 +260,10 @@ class BackupCallback(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         step = self._offset + batch + 1
         at_update_boundary = step % self.plan.grad_accum_steps == 0
-        if at_update_boundary and step - self._last_saved >= self.every_steps and step < self.plan.steps_per_epoch:
+        # Data of unknown length (a generator, a filtered dataset) gets epoch-end backups only: a resume places
+        # itself in an epoch by its step count, which such data does not have.
+        within_epoch = self.plan.steps_per_epoch is not None and step < self.plan.steps_per_epoch
+        if at_update_boundary and step - self._last_saved >= self.every_steps and within_epoch:
             self.backup.save(self.model, self.plan, self._progress(self._epoch, step))
             self._last_saved = step
 
