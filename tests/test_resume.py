@@ -511,3 +511,17 @@ def test_data_of_unknown_length_is_backed_up_at_epoch_ends_and_resumes_exactly(d
     for a, b in zip(whole.model.get_weights(), resumed.model.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
     assert resumed.history.history["loss"] == whole.history.history["loss"]
+
+
+def test_a_resumed_run_from_initial_epoch_numbers_its_history_as_an_uninterrupted_one(digits, tmp_path):
+    # The epochs before the resume were numbered from 0, not from initial_epoch: one index too many.
+    (x, y), _ = digits
+    x = x[:320].reshape(320, 64)
+    options = {**_OPTIONS, "initial_epoch": 1, "epochs": 4, "shuffle": False, "tune": "off"}
+    whole = kerasfast.fit(_model(), (x, y[:320]), run_dir=tmp_path / "whole", **options)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        kerasfast.fit(_model(), (x, y[:320]), run_dir=tmp_path / "cut", callbacks=[_CrashInEpoch(2)], **options)
+    resumed = kerasfast.fit(_model(), (x, y[:320]), run_dir=tmp_path / "cut", **options)
+    assert whole.history.epoch == resumed.history.epoch == [1, 2, 3]
+    assert len(resumed.history.history["loss"]) == 3
+    assert json.loads((tmp_path / "cut" / "result.json").read_text())["epochs"] == 3

@@ -174,14 +174,14 @@ class RunHistory(dict):
         return self
 
 
-def _merge(histories, earlier: dict, first_epoch: int) -> keras.callbacks.History:
-    """One History: the epochs done before a resume, then this run's."""
+def _merge(histories, earlier: dict, first_epoch: int, initial_epoch: int = 0) -> keras.callbacks.History:
+    """One History: the epochs done before a resume (`initial_epoch` to `first_epoch`), then this run's."""
     merged = keras.callbacks.History()
     if histories:
         merged.set_model(histories[-1].model)
         merged.set_params(histories[-1].params)
     combined: dict[str, list] = {name: list(values) for name, values in earlier.items()}
-    epochs: list[int] = list(range(first_epoch))
+    epochs: list[int] = list(range(initial_epoch, first_epoch))
     for history in histories:
         epochs += list(history.epoch)
         for name, values in history.history.items():
@@ -262,4 +262,4 @@ def run_epochs(model, stream_from, *, plan, epochs: int, callbacks: list, verbos
         ))
         if model.stop_training:
             break  # a callback stopped the run; the next `fit` call would start it again
-    return _merge(histories, earlier, progress.epoch if progress else 0)
+    return _merge(histories, earlier, progress.epoch if progress else initial_epoch, initial_epoch)
