@@ -525,3 +525,17 @@ def test_a_resumed_run_from_initial_epoch_numbers_its_history_as_an_uninterrupte
     assert whole.history.epoch == resumed.history.epoch == [1, 2, 3]
     assert len(resumed.history.history["loss"]) == 3
     assert json.loads((tmp_path / "cut" / "result.json").read_text())["epochs"] == 3
+
+
+def test_resume_fresh_keeps_the_backup_until_the_run_starts_training(digits, tmp_path):
+    # The backup was removed first thing, so a fresh call refused before training (here: empty data) lost it.
+    (x, y), _ = digits
+    x = x.reshape(len(x), 64)
+    options = _crashed_run(x, y, tmp_path)
+    state = tmp_path / "backup" / "state.npz"
+    saved = state.read_bytes()
+    with pytest.raises(kerasfast.DataError):
+        kerasfast.fit(_model(), (x[:0], y[:0]), **{**options, "resume": "fresh"})
+    assert state.read_bytes() == saved
+    fresh = kerasfast.fit(_model(), (x, y), **{**options, "resume": "fresh"})
+    assert len(fresh.history.history["loss"]) == 2 and not state.exists()  # trained afresh, then removed as done

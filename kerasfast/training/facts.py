@@ -47,9 +47,7 @@ def start(run: Run) -> None:
     if backup_dir not in (None, False):
         run.backup = Backup(backup_dir, is_chief=run.is_chief)
         run.backup.check_writable()
-        if args.resume == "fresh":
-            run.backup.clear()
-        else:
+        if args.resume != "fresh":  # a fresh run's old backup is removed when it starts training (trainer.train)
             run.progress = run.backup.progress()
     run.seed = _seed(run)
     if run.progress is not None:

@@ -62,6 +62,9 @@ def train(run: Run, rate_control) -> None:
     inside the run's `borrowed` block, whose `rate_control` lowers the
     learning rate after a divergence."""
     plan, model = run.plan, run.train_model
+    if run.backup is not None and run.args.resume == "fresh":
+        # Only now: a call refused before training (a typo, bad data) leaves the backup it was told to replace.
+        run.backup.clear()
     # kerasfast's steps take the plan's precision while they are traced,
     # Keras's eager ones (run_eagerly=True) while each step runs.
     with eager_steps_in_precision(model, plan) if plan.train_step == "keras" else contextlib.nullcontext():
