@@ -74,6 +74,22 @@ def build_state(model, sample_batch) -> None:
         model.optimizer.build(model.trainable_variables)
 
 
+def build_state_eagerly(model, sample_batch) -> None:
+    """`build_state` for a model compiled with run_eagerly=True, whose layers may read tensors' values (which a
+    symbolic build does not give them): one eager forward pass in inference mode, and the compiled loss and
+    metrics built on it. Their variables then hold that batch's values: for a resumed run, which overwrites
+    them with the backup's."""
+    check_versions()
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(sample_batch)
+    y_pred = model(x, training=False)
+    if model._compile_metrics is not None and not model._compile_metrics.built:
+        model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+    if model._compile_loss is not None and not model._compile_loss.built:
+        model._compute_loss(x, y, y_pred, sample_weight=sample_weight, training=False)
+    if model.optimizer is not None and not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+
+
 def detach_from_creation_strategy(model) -> None:
     """Makes Keras take the strategy from the surrounding scope instead of the
     one the model was created under, which skips the failing symbolic build."""

@@ -25,8 +25,10 @@ import zipfile
 import keras
 import numpy as np
 
+from kerasfast import _compat
 from kerasfast._atomic import replace_durably
 from kerasfast.errors import PlanError
+from kerasfast.training.optimizers import own_optimizers, unwrap
 
 STATE_FILE = "state.npz"
 DEFAULT_EVERY_STEPS = 100
@@ -58,14 +60,23 @@ class Progress:
         return self.epoch * steps_per_epoch + self.step
 
 
+# The signature's key, present only for a model with optimizers of its own
+# (`own_optimizers`), so that every other model's backup stays as it was.
+OWN_OPTIMIZERS = "own_optimizers"
+
+
 def training_variables(model) -> list:
     """Every variable training changes, in a stable order: the pruning masks
-    too, which are not the model's (`kerasfast.compress.apply_pruning`)."""
+    too, which are not the model's (`kerasfast.compress.apply_pruning`), and
+    the state of the optimizers of the model's own (`own_optimizers`), which
+    only after they are built holds their moments."""
     from kerasfast.compress.attach import pruning_constraints
 
     variables = list(model.variables) + [constraint.mask for _, constraint in pruning_constraints(model)]
     optimizer = model.optimizer
     if optimizer is not None:
+        variables += list(optimizer.variables)
+    for optimizer in own_optimizers(model).values():
         variables += list(optimizer.variables)
     for metric in model.metrics:
         variables += list(metric.variables)
@@ -79,12 +90,53 @@ def training_variables(model) -> list:
 
 
 def signature(model, plan) -> dict:
-    return {
+    found = {
         "shapes": [list(v.shape) for v in training_variables(model)],
         "global_batch_size": plan.global_batch_size,
         "steps_per_epoch": plan.steps_per_epoch,
         "grad_accum_steps": plan.grad_accum_steps,
     }
+    built_for = _own_optimizers_built_for(model)
+    if built_for:
+        found[OWN_OPTIMIZERS] = built_for
+    return found
+
+
+def _lazily_built_optimizers(model) -> dict:
+    """`{name: optimizer}` of the optimizers that build in the first train step that uses them, so that a resumed
+    run, which restores before any step, may find them unbuilt: the model's own (`own_optimizers`) and, for a
+    model with its own train_step or compiled with run_eagerly=True (whose state Keras builds only in its first
+    step), `model.optimizer` as "optimizer"."""
+    found = {}
+    lazy = _compat.overridden_step(model, "train_step") is not None or getattr(model, "run_eagerly", False)
+    if getattr(model, "optimizer", None) is not None and lazy:
+        found["optimizer"] = model.optimizer
+    return {**found, **own_optimizers(model)}
+
+
+def _own_optimizers_built_for(model) -> dict:
+    """`{name: positions in model.variables}` of the variables each lazily built optimizer
+    (`_lazily_built_optimizers`) was built for (None: not built yet).
+
+    On one device those optimizers build in the first train step, for the variables the train_step hands them
+    (Keras keeps the list); a resumed run restores before any step, so it builds them from this record, in the
+    same order, for their state to have a place to go.
+    """
+    positions = {id(variable): index for index, variable in enumerate(model.variables)}
+    return {name: [positions.get(id(variable), -1) for variable in unwrap(optimizer)._trainable_variables]
+            if optimizer.built else None
+            for name, optimizer in _lazily_built_optimizers(model).items()}
+
+
+def _build_own_optimizers(model, built_for: dict | None) -> None:
+    """Builds each lazily built optimizer that the backup's run had built (`_own_optimizers_built_for`) and this
+    one has not yet, for the same variables; the signature check then compares the rest."""
+    variables = list(model.variables)
+    for name, optimizer in _lazily_built_optimizers(model).items():
+        positions = (built_for or {}).get(name)
+        if optimizer.built or positions is None or not all(0 <= index < len(variables) for index in positions):
+            continue  # nothing to build, or the model changed: the check says how
+        optimizer.build([variables[index] for index in positions])
 
 
 def _shapes_difference(saved: list, now: list) -> str:
@@ -166,7 +218,9 @@ class Backup:
         """Loads the saved variables into `model` (built, compiled).
 
         Args:
-            model: The model to restore into.
+            model: The model to restore into. Its own optimizers that the
+                backup's run had built are built first, for the same
+                variables (on one device they build only in the first step).
             plan: The run's plan.
             force: Only the variables' shapes must match (`resume="force"`);
                 otherwise the batch and epoch layout must match too.
@@ -180,11 +234,14 @@ class Backup:
             PlanError: When the state was saved for a different model or plan.
         """
         progress = self.progress()
+        _build_own_optimizers(model, progress.signature.get(OWN_OPTIMIZERS))
         expected = signature(model, plan)
         checked = ("shapes",) if force else tuple(expected)
         changed = [k for k in checked if progress.signature.get(k) != expected[k]]
         if changed:
             what = [_shapes_difference(progress.signature.get("shapes") or [], expected["shapes"]) if name == "shapes"
+                    else f"the optimizers of the model's own ({', '.join(expected[name])}) were built for other "
+                         f"variables" if name == OWN_OPTIMIZERS
                     else f"{name} {expected[name]!r} (the backup's run: {progress.signature.get(name)!r})"
                     for name in changed]
             raise PlanError(

@@ -22,14 +22,19 @@ executions.) No snapshot is taken while a jump is pending.
 What happens then is `on_nan`:
 
 - "recover": put back the last good state (weights, optimizer, metrics),
-  halve the learning rate and carry on with the next batches (the ones that
+  halve the learning rate (of every optimizer the model holds: its own
+  train_step, such as keras.io's GAN, may train with others than
+  `model.optimizer`) and carry on with the next batches (the ones that
   diverged are skipped), at most `max_recoveries` times;
 - "stop": put back the last good state and raise `TrainingError`;
 - "ignore": what Keras does (train on).
 
 The last good state is a copy in host memory taken every
 `snapshot_every_steps` steps and at the end of every epoch, at an update
-boundary, after an execution that was itself good. A callback that changes
+boundary, after an execution that was itself good, and after the first good
+execution that made new variables (the optimizers a model's own train_step
+uses build in its first step): a snapshot holds, and puts back, the
+variables that existed when it was taken. A callback that changes
 the model's small non-trainable variables between epochs (an auxiliary loss's
 weight switched on, a schedule kept in a variable) changes what the loss
 measures: the spike check then starts again from the new level, and the
@@ -152,7 +157,7 @@ class DivergenceGuard(keras.callbacks.Callback):
             spike check and non-finite values).
         snapshot_every_steps: Steps between copies of the last good state.
         grad_accum_steps: Snapshots are taken only at update boundaries.
-        learning_rate: The run's `LearningRateControl` (None: not lowered).
+        learning_rate: The run's `session.LearningRates` (None: not lowered).
         variables: `f()` returning every variable training changes.
         is_chief: Only the chief prints.
     """
@@ -169,7 +174,11 @@ class DivergenceGuard(keras.callbacks.Callback):
         self.variables = variables
         self.is_chief = is_chief
         self.recoveries = []  # (epoch, step, why) of each recovery
-        self._snapshot = None
+        self._snapshot = None  # (variable, value) pairs: the variables that existed when it was taken
+        self._snapshot_ids = frozenset()
+        # Until a good execution made no variables the snapshot lacks: a step function creates its variables
+        # (the optimizers a model's own train_step uses) in its first execution only, as tf.function allows.
+        self._variables_may_grow = True
         self._snapshot_at = None
         self._recent = collections.deque(maxlen=200)
         self._start_level = None
@@ -192,16 +201,27 @@ class DivergenceGuard(keras.callbacks.Callback):
     # -- state -------------------------------------------------------------
 
     def _take_snapshot(self):
-        self._snapshot = [np.array(keras.ops.convert_to_numpy(v)) for v in self.variables()]
+        self._snapshot = [(v, np.array(keras.ops.convert_to_numpy(v))) for v in self.variables()]
+        self._snapshot_ids = frozenset(id(v) for v, _ in self._snapshot)
         self._snapshot_at = (self._epoch, self._steps)
         self._since_snapshot = 0
+
+    def _variables_grew(self) -> bool:
+        """Whether training made variables the snapshot lacks: the optimizers a model's own train_step uses
+        build in its first step, after the snapshot of on_train_begin. Asked after good executions until one
+        made none (listing every variable at each execution would cost a large model a millisecond)."""
+        if not self._variables_may_grow:
+            return False
+        grew = any(id(v) not in self._snapshot_ids for v in self.variables())
+        self._variables_may_grow = grew
+        return grew
 
     def _restore_snapshot(self) -> bool:
         """Puts the snapshot back; True when this epoch's metrics start again empty."""
         # The optimizer's variables hold its learning rate: the run's current one
         # stays (each recovery halves it further), not the snapshot's.
         with self.learning_rate.kept() if self.learning_rate is not None else contextlib.nullcontext():
-            for variable, value in zip(self.variables(), self._snapshot, strict=True):
+            for variable, value in self._snapshot:
                 variable.assign(value)
         emptied = self._snapshot_at[0] != self._epoch or self._snapshot_at[1] == 0
         if emptied:
@@ -285,8 +305,10 @@ class DivergenceGuard(keras.callbacks.Callback):
             self._since_snapshot += steps
             if self._good_steps_since_rollback is not None:
                 self._good_steps_since_rollback += steps
-            if (self._since_snapshot >= self.snapshot_every_steps and self._steps % self.grad_accum_steps == 0
-                    and not self._jumps):
+            # New variables (optimizers built in this execution) join the last good state at once: a rollback
+            # to a snapshot without them would leave them as the diverged execution left them.
+            if ((self._since_snapshot >= self.snapshot_every_steps or self._variables_grew())
+                    and self._steps % self.grad_accum_steps == 0 and not self._jumps):
                 self._take_snapshot()
             return
         self._diverged(problem, logs or {})
@@ -368,7 +390,9 @@ class DivergenceGuard(keras.callbacks.Callback):
         lowered = ""
         if self.learning_rate is not None:
             self.learning_rate.lower(RECOVERY_LR_FACTOR)
-            lowered = f", learning rate now {self.learning_rate.current():.3g}"
+            rates = self.learning_rate.current()
+            lowered = (f", learning rate now {next(iter(rates.values())):.3g}" if len(rates) == 1 else
+                       ", learning rates now " + ", ".join(f"{name} {rate:.3g}" for name, rate in rates.items()))
         if self.is_chief:
             print(f"kerasfast: {problem} at {where}; rolled back to {back_to}{lowered}, skipping the batches in "
                   f"between (recovery {len(self.recoveries)} of at most {self.max_recoveries}).")

@@ -306,9 +306,9 @@ def _borrowed(model, settings: dict, sample_batch):
         variables = list(model.variables)
         if own_step:
             # A custom train_step may train optimizers of its own.
-            for value in list(vars(model).values()):
-                if isinstance(value, keras.optimizers.Optimizer) and value is not model.optimizer and value.built:
-                    variables += list(value.variables)
+            for optimizer in optimizers.own_optimizers(model).values():
+                if optimizer.built:
+                    variables += list(optimizer.variables)
         values = _values(variables)
         yield
     finally:

@@ -168,7 +168,10 @@ def _build_state(run: Run) -> None:
     model = run.train_model
     if run.model_facts.run_eagerly and run.strategy is None:
         # As in Keras: an eager model builds in its first step, where its
-        # layers may read tensors' values (a symbolic build gives them none).
+        # layers may read tensors' values (a symbolic build gives them none);
+        # a resumed one now, eagerly, for the backup's state to go to.
+        if run.progress is not None:
+            _compat.build_state_eagerly(model, run.train_data.sample_batch)
         return
     if run.model_facts.custom_train_step is None:
         check_targets(model, run.train_data.sample_batch)
@@ -179,17 +182,34 @@ def _build_state(run: Run) -> None:
         # On one device its optimizers build lazily in the first, loop-free
         # execution; a strategy cannot create variables there, so they are
         # built now, as Keras's own symbolic build would.
+        unbuilt = [layer for layer in _compat.flatten_layers(model) if not isinstance(layer, keras.Model)
+                   and not layer.built]
+        if run.progress is not None and unbuilt:
+            _build_to_resume(model, run.train_data.sample_inputs, run.backup.path)
         return
     if model.optimizer is not None and not model.optimizer.built and model.trainable_variables:
         model.optimizer.build(model.trainable_variables)
-    unbuilt = [name for name, value in vars(model).items()
-               if isinstance(value, keras.optimizers.Optimizer) and value is not model.optimizer and not value.built]
+    unbuilt = [name for name, optimizer in optimizers.own_optimizers(model).items() if not optimizer.built]
     if unbuilt:
         raise PlanError(
             f"under a {run.distribution.name} strategy the optimizers your train_step uses must exist before "
             f"training, but {', '.join(unbuilt)} is not built yet: build it in your builder, e.g. "
             f"model.{unbuilt[0]}.build(model.<sub_model>.trainable_variables)."
         )
+
+
+def _build_to_resume(model, sample_inputs, backup_path) -> None:
+    """Builds a model with its own train_step that its first step would build, so that a backup's weights have
+    variables to go to: by calling it once on a batch's inputs, its forward pass only (a model without a call()
+    of its own is refused, naming how to build it)."""
+    try:
+        model(sample_inputs)
+    except NotImplementedError as error:
+        raise PlanError(
+            f"the backup {backup_path} cannot be restored into model {model.name!r}: its layers are made only in "
+            "its train_step's first step, and it has no call() to make them earlier. Build them before fit (e.g. "
+            "its sub-models with keras.Input, or model.build(input_shape) with a build() of its own), or pass "
+            "resume='fresh' to start again.") from error
 
 
 def take_plan(run: Run) -> None:

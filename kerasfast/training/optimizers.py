@@ -33,6 +33,27 @@ FUSED_UPDATE_DTYPES = ("float32", "float64")
 _KERASFASTS_OWN = weakref.WeakSet()
 
 
+def own_optimizers(model) -> dict:
+    """The optimizers a model holds besides `model.optimizer`, which its own
+    train_step uses (keras.io's GAN, WGAN and CycleGAN examples keep one per
+    sub-model, as `self.d_optimizer`, `self.g_optimizer`).
+
+    Args:
+        model: A Keras model.
+
+    Returns:
+        `{attribute name: optimizer}`, in the order the attributes were set
+        (the model's constructor and compile: the same in every run), each
+        optimizer once.
+    """
+    found, seen = {}, {id(getattr(model, "optimizer", None))}
+    for name, value in vars(model).items():
+        if isinstance(value, keras.optimizers.Optimizer) and id(value) not in seen:
+            seen.add(id(value))
+            found[name] = value
+    return found
+
+
 def unwrap(optimizer):
     """The optimizer inside a `LossScaleOptimizer`, or the optimizer itself."""
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):

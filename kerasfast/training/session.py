@@ -82,6 +82,42 @@ class LearningRateControl:
     def current(self) -> float:
         return float(keras.ops.convert_to_numpy(self._inner.learning_rate))
 
+    @property
+    def trained(self) -> bool:
+        """Whether the optimizer has trained (is built): a model whose own train_step uses optimizers of its
+        own leaves the `model.optimizer` compile made unused."""
+        return self._inner.built
+
+
+class LearningRates:
+    """The learning rates of every optimizer a run may train with, lowered together after a divergence:
+    `model.optimizer`'s and those of the model's own (`optimizers.own_optimizers`), which a train_step such as
+    keras.io's GAN uses instead.
+
+    Args:
+        controls: `{name: LearningRateControl}`, `model.optimizer`'s named "optimizer".
+    """
+
+    def __init__(self, controls: dict):
+        self._controls = controls
+
+    def lower(self, factor: float) -> None:
+        for control in self._controls.values():
+            control.lower(factor)
+
+    @contextlib.contextmanager
+    def kept(self):
+        """Keeps every rate through a block that puts the optimizers' variables back (a rollback)."""
+        with contextlib.ExitStack() as stack:
+            for control in self._controls.values():
+                stack.enter_context(control.kept())
+            yield
+
+    def current(self) -> dict:
+        """`{name: rate}` of the optimizers that trained (all of them when none has yet)."""
+        trained = {name: control for name, control in self._controls.items() if control.trained}
+        return {name: control.current() for name, control in (trained or self._controls).items()}
+
 
 @contextlib.contextmanager
 def optimizer_settings(optimizer, *, learning_rate=None, clipnorm=None):
@@ -150,24 +186,31 @@ def borrowed(model, plan):
     trained with afterwards only if it read the same learning rate (the
     same schedule object) as training does, so both happen in one block.
 
+    The model's own optimizers (`optimizers.own_optimizers`) keep their rates
+    and clipping (the plan's are `model.optimizer`'s), but are borrowed too:
+    their train_step may use them instead of `model.optimizer`, so a
+    recovery lowers their rates as well, undone here as `model.optimizer`'s.
+
     Yields:
-        The run's `LearningRateControl` (None without an optimizer).
+        The run's `LearningRates` (None without any optimizer).
     """
     from kerasfast.training import optimizers
-
+    
     with contextlib.ExitStack() as stack:
         stack.enter_context(model_attributes_restored(model))
         stack.enter_context(optimizers.fused_update(model.optimizer))
         planned_rate = None
-        if plan is None:  # a search's measurement: the optimizer as it is
-            yield stack.enter_context(optimizer_settings(model.optimizer))
-            return
-        if model.optimizer is not None:
+        if plan is not None and model.optimizer is not None:
             # A schedule spans this run: counted from the updates the optimizer made before it.
             done = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
             planned_rate = optimizers.planned_learning_rate(plan, start_step=done, optimizer=model.optimizer)
-        yield stack.enter_context(optimizer_settings(model.optimizer, learning_rate=planned_rate,
-                                                     clipnorm=plan.clipnorm))
+        # plan None: a search's measurement, the optimizer as it is.
+        controls = {"optimizer": stack.enter_context(optimizer_settings(
+            model.optimizer, learning_rate=planned_rate, clipnorm=plan.clipnorm if plan is not None else None))}
+        for name, optimizer in optimizers.own_optimizers(model).items():
+            controls[name] = stack.enter_context(optimizer_settings(optimizer))
+        controls = {name: control for name, control in controls.items() if control is not None}
+        yield LearningRates(controls) if controls else None
 
 
 @contextlib.contextmanager
