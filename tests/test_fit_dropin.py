@@ -1275,3 +1275,23 @@ def test_fit_shows_the_batches_of_an_epoch_of_unknown_length_as_keras_does(capsy
     out = capsys.readouterr().out
     assert out.count("5/5") == 2 and "64/64" not in out
     assert result.throughput.measured_steps == 5  # the second epoch's: the first execution is left out
+
+
+@pytest.mark.parametrize("freq", [(1, 3), {3, 1}, range(1, 4, 2), np.array([1, 3]), [1, 3]],
+                         ids=["tuple", "set", "range", "array", "list"])
+def test_validation_freq_as_any_collection_of_epochs_validates_after_those_epochs(freq):
+    # Keras takes only an int or a list: a tuple passed kerasfast's check, trained an epoch, then failed in Keras.
+    result = kerasfast.fit(_model(), X, Y, batch_size=16, epochs=3, validation_data=(X[:50], Y[:50]),
+                           validation_freq=freq, run_dir=False, verbose=0, tune="off")
+    assert len(result.history.history["loss"]) == 3 and len(result.history.history["val_loss"]) == 2
+
+
+def test_validation_freq_as_a_numpy_integer_and_bad_values():
+    result = kerasfast.fit(_model(), X, Y, batch_size=16, epochs=2, validation_data=(X[:50], Y[:50]),
+                           validation_freq=np.int64(2), run_dir=False, verbose=0, tune="off")
+    assert len(result.history.history["val_loss"]) == 1
+    for bad in ((0, 2), ("1",), 0, 1.5):
+        with pytest.raises(kerasfast.PlanError, match="validation_freq=.* is not valid: use an integer >= 1, or a "
+                                                      "list of the epochs"):
+            kerasfast.fit(_model(), X, Y, epochs=2, validation_data=(X, Y), validation_freq=bad, run_dir=False,
+                          verbose=0)

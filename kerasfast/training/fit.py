@@ -332,6 +332,7 @@ def _arguments(model, x, data, given: dict, options: dict) -> Arguments:
     _one_training_data(x, data)
     ints = {name: _python_int(given[name]) for name in ("epochs", "initial_epoch", "batch_size", "steps_per_epoch",
                                                          "validation_steps", "validation_batch_size")}
+    ints["validation_freq"] = _validation_freq(given["validation_freq"])
     strategy = given["strategy"]
     if strategy == "auto" and isinstance(model, keras.Model) and _compat.creation_strategy(model) is not None:
         strategy = _compat.creation_strategy(model)  # as Keras does: the strategy the model was created under
@@ -359,7 +360,8 @@ def _feed(given: dict, x, data) -> Feed:
                 class_weight=given["class_weight"], shuffle=given["shuffle"], on_error=given["on_error"],
                 validation_data=given["validation_data"],
                 validation_batch_size=_python_int(given["validation_batch_size"]),
-                validation_steps=_python_int(given["validation_steps"]), validation_freq=given["validation_freq"],
+                validation_steps=_python_int(given["validation_steps"]),
+                validation_freq=_validation_freq(given["validation_freq"]),
                 data_service=given["data_service"])
 
 
@@ -378,8 +380,9 @@ def _check_run_arguments(epochs, initial_epoch, validation_freq, steps_per_epoch
         if value is not None and (not is_int(value) or value < 1):
             raise PlanError(f"{name}={value!r} is not valid: use an integer >= 1 or None.")
     if not (is_int(validation_freq) and validation_freq >= 1) and not (
-            isinstance(validation_freq, (list, tuple, set)) and all(is_int(v) for v in validation_freq)):
-        raise PlanError(f"validation_freq={validation_freq!r} is not valid: use an integer >= 1 or a list of epochs.")
+            isinstance(validation_freq, list) and all(is_int(v) and v >= 1 for v in validation_freq)):
+        raise PlanError(f"validation_freq={validation_freq!r} is not valid: use an integer >= 1, or a list of the "
+                        "epochs (counted from 1) to validate after.")
 
 
 RESUME_MODES = ("auto", "force", "fresh")
@@ -393,6 +396,15 @@ def _check_divergence_arguments(on_nan, max_recoveries, loss_upper_bound) -> Non
     if loss_upper_bound is not None and (isinstance(loss_upper_bound, bool)
                                          or not isinstance(loss_upper_bound, (int, float)) or loss_upper_bound <= 0):
         raise PlanError(f"loss_upper_bound={loss_upper_bound!r} is not valid: use a positive number or None.")
+
+
+def _validation_freq(value):
+    """`validation_freq` as Keras's fit takes it: an int, or a list of epochs (a tuple, set, range or NumPy
+    array of them, which Keras refuses after the first epoch, becomes a sorted list)."""
+    if isinstance(value, (tuple, set, frozenset, range, np.ndarray)):
+        values = [_python_int(v) for v in np.asarray(list(value)).ravel().tolist()] if len(value) else []
+        return sorted(values) if all(is_int(v) for v in values) else value
+    return _python_int(value)
 
 
 def _python_int(value):
