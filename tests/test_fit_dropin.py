@@ -1295,3 +1295,26 @@ def test_validation_freq_as_a_numpy_integer_and_bad_values():
                                                       "list of the epochs"):
             kerasfast.fit(_model(), X, Y, epochs=2, validation_data=(X, Y), validation_freq=bad, run_dir=False,
                           verbose=0)
+
+
+def test_pandas_nullable_columns_train_as_their_numpy_dtype_and_a_missing_value_is_named():
+    # Their NumPy form is objects: the call failed with "Failed to convert a NumPy array to a Tensor".
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame(rng.integers(0, 5, (64, 4)), columns=list("abcd"))
+    labels = (frame.sum(axis=1) > 8).astype(int)
+    options = dict(batch_size=16, epochs=1, shuffle=False, run_dir=False, verbose=0, tune="off",
+                   loss="sparse_categorical_crossentropy", precision="float32", jit_compile=False)
+
+    def model():
+        keras.utils.set_random_seed(0)
+        return keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax")])
+
+    plain = kerasfast.fit(model(), frame.astype("float32"), labels, **options)
+    nullable = kerasfast.fit(model(), frame.astype({"a": "Int64", "b": "Float64"}), labels.astype("Int64"), **options)
+    np.testing.assert_allclose(nullable.history.history["loss"], plain.history.history["loss"], rtol=1e-6)
+    holed = frame.astype("Int64")
+    holed.loc[[3, 9], "c"] = pd.NA  # NaN to the model: named by fit's check, or trained on as model.fit would
+    with pytest.raises(kerasfast.DataError, match=r"x\['c'\] holds NaN at sample 3 \(2 sample\(s\) in all"):
+        kerasfast.fit(model(), holed, labels, **options)
+    ignored = kerasfast.fit(model(), holed, labels, on_nan="ignore", **options)
+    assert len(ignored.history.history["loss"]) == 1

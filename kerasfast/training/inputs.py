@@ -88,8 +88,23 @@ def _as_array(leaf):
     if isinstance(leaf, tf.Tensor) and leaf.dtype == tf.string:
         return leaf  # NumPy would hold its strings as objects, which Keras's validation split refuses
     if hasattr(leaf, "to_numpy") and not hasattr(leaf, "numpy"):  # pandas DataFrame / Series
-        return leaf.to_numpy()
+        return _pandas_as_array(leaf)
     return np.asarray(leaf)  # NumPy arrays, tf / Keras tensors, lists of numbers
+
+
+def _pandas_as_array(frame):
+    """A DataFrame or Series as a NumPy array; its nullable numeric columns (`Int64`, `Float64`, `boolean`, whose
+    NumPy form would be objects) in their NumPy dtype, or as float64 where a value is missing: pd.NA becomes NaN,
+    which fit's check of the inputs then names (or trains on, with on_nan='ignore')."""
+    columns = list(frame.dtypes.items()) if hasattr(frame, "columns") else [(frame.name, frame.dtype)]
+    nullable = {name: dtype for name, dtype in columns
+                if getattr(dtype, "numpy_dtype", None) is not None and getattr(dtype, "kind", "O") in "iufb"}
+    if not nullable:
+        return frame.to_numpy()
+    if not hasattr(frame, "columns"):
+        return frame.to_numpy(dtype=frame.dtype.numpy_dtype if not frame.isna().any() else "float64", na_value=np.nan)
+    return frame.astype({name: dtype.numpy_dtype if not frame[name].isna().any() else "float64"
+                         for name, dtype in nullable.items()}).to_numpy()
 
 
 def _arrays(structure):
