@@ -1318,3 +1318,16 @@ def test_pandas_nullable_columns_train_as_their_numpy_dtype_and_a_missing_value_
         kerasfast.fit(model(), holed, labels, **options)
     ignored = kerasfast.fit(model(), holed, labels, on_nan="ignore", **options)
     assert len(ignored.history.history["loss"]) == 1
+
+
+def test_validation_data_that_repeats_forever_needs_validation_steps():
+    # Keras (and kerasfast) hung in the first validation, reading an endless dataset to its end.
+    endless = tf.data.Dataset.from_tensor_slices((X[:32], Y[:32])).batch(16).repeat()
+    model = _model()
+    before = model.get_weights()[0].copy()
+    with pytest.raises(kerasfast.PlanError, match="validation_data repeats forever .* pass validation_steps="):
+        kerasfast.fit(model, X, Y, batch_size=16, epochs=1, validation_data=endless, run_dir=False, verbose=0)
+    np.testing.assert_array_equal(model.get_weights()[0], before)  # refused before any step
+    result = kerasfast.fit(_model(), X, Y, batch_size=16, epochs=1, validation_data=endless, validation_steps=2,
+                           run_dir=False, verbose=0, tune="off")
+    assert len(result.history.history["val_loss"]) == 1

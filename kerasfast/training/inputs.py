@@ -28,7 +28,7 @@ import numpy as np
 from kerasfast import _compat
 from kerasfast._checks import is_number
 from kerasfast.data.arrays import array_dataset, first_rows, num_rows
-from kerasfast.errors import DataError
+from kerasfast.errors import DataError, PlanError
 from kerasfast.plan import DataFacts
 
 
@@ -673,6 +673,7 @@ def validation_arguments(validation_data, batch_size, steps, freq, train_data, o
         return {}
     if isinstance(validation_data, (tuple, list)) and 2 <= len(validation_data) <= 3:
         validation_data = (_with_string_tensors(validation_data[0]), *validation_data[1:])
+    _refuse_endless_validation(validation_data, steps)
     if isinstance(validation_data, (str, os.PathLike)) or steps is not None:
         # kerasfast's evaluation runs whole executions until the data ends, so
         # validation_steps is applied to the data itself.
@@ -682,6 +683,17 @@ def validation_arguments(validation_data, batch_size, steps, freq, train_data, o
             validation_data, steps = first_batches(validation_data, steps), None
     return {"validation_data": validation_data, "validation_steps": steps, "validation_freq": freq,
             "validation_batch_size": batch_size or train_data.facts.batch_size or 32}
+
+
+def _refuse_endless_validation(validation_data, steps) -> None:
+    """An evaluation reads its data to the end: a dataset that repeats forever would never end it (Keras hangs)."""
+    import tensorflow as tf
+
+    if steps is None and isinstance(validation_data, tf.data.Dataset) \
+            and int(validation_data.cardinality()) == tf.data.INFINITE_CARDINALITY:
+        raise PlanError("validation_data repeats forever (e.g. .repeat()) and validation_steps is not given, so the "
+                        "first validation would never end: pass validation_steps= (batches per validation), or a "
+                        "dataset that ends.")
 
 
 def first_batches(dataset, steps: int):
