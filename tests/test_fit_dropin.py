@@ -1098,8 +1098,23 @@ def test_a_dataset_that_never_ends_needs_steps_per_epoch():
     endless = tf.data.Dataset.from_tensor_slices((X, Y)).batch(20).repeat()
     with pytest.raises(kerasfast.PlanError, match=r"x repeats forever .* pass steps_per_epoch="):
         kerasfast.fit(_model(), endless, epochs=1, run_dir=False, verbose=0)
+    # A callback acting only at epoch ends cannot end an epoch that never ends (it hung).
+    with pytest.raises(kerasfast.PlanError, match=r"x repeats forever .*\(no callback acts on every batch"):
+        kerasfast.fit(_model(), endless, epochs=1, run_dir=False, verbose=0,
+                      callbacks=[keras.callbacks.EarlyStopping(monitor="loss")])
     result = kerasfast.fit(_model(), endless, epochs=2, steps_per_epoch=5, run_dir=False, verbose=0)
     assert len(result.history.history["loss"]) == 2
+    stopped = kerasfast.fit(_model(), endless, epochs=1, run_dir=False, verbose=0, callbacks=[_StopAfterBatches(6)])
+    assert len(stopped.history.history["loss"]) == 1
+
+
+class _StopAfterBatches(keras.callbacks.Callback):
+    def __init__(self, batches):
+        super().__init__()
+        self.batches = batches
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.model.stop_training = batch + 1 >= self.batches
 
 
 class TwoInputsOwnLoss(keras.Model):

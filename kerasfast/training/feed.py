@@ -9,6 +9,7 @@ import os
 from kerasfast.data import service
 from kerasfast.distribute import ray_train
 from kerasfast.errors import PlanError
+from kerasfast.training.batch_callbacks import per_batch_callbacks
 from kerasfast.training.data_errors import damage_named
 from kerasfast.training.guard import check_finite
 from kerasfast.training.inputs import (check_validation_data, prepare_data, sharded_tfrecord_stream,
@@ -59,16 +60,17 @@ def prepare(run: Run, batch_size: int | None) -> None:
 
 
 def _refuse_endless_epochs(x, steps_per_epoch, callbacks) -> None:
-    """Refuses a dataset that never ends (`.repeat()`) without `steps_per_epoch` when no callback could
-    end the run: its first epoch would never end (`model.fit` runs on forever)."""
+    """Refuses a dataset that never ends (`.repeat()`) without `steps_per_epoch` when no callback acts on every
+    batch, the only place one could end the run: its first epoch would never end (`model.fit` runs on forever;
+    an `EarlyStopping`, which acts at epoch ends, never gets to act)."""
     import tensorflow as tf
 
-    if steps_per_epoch is not None or callbacks or not isinstance(x, tf.data.Dataset):
+    if steps_per_epoch is not None or per_batch_callbacks(callbacks) or not isinstance(x, tf.data.Dataset):
         return
     if int(x.cardinality()) == tf.data.INFINITE_CARDINALITY:
         raise PlanError("x repeats forever (e.g. .repeat() or repeat=True) and steps_per_epoch is not given, so the "
-                        "first epoch would never end: pass steps_per_epoch= (batches per epoch), or a dataset that "
-                        "ends.")
+                        "first epoch would never end (no callback acts on every batch to stop it): pass "
+                        "steps_per_epoch= (batches per epoch), or a dataset that ends.")
 
 
 def rebatch(run: Run, batch_size: int) -> None:
