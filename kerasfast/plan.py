@@ -28,6 +28,8 @@ MIXED_POLICIES = ("mixed_float16", "mixed_bfloat16")
 MIXED_DTYPE_FIX = ("cast what you create to the input's dtype (keras.ops.cast(c, x.dtype), or self.compute_dtype) "
                    "or compute it with keras.ops from the input")
 LR_SCHEDULES = ("warmup_cosine", "warmup_hold_cosine", "one_cycle", "constant")
+# The schedules shaped by the run's length (`total_steps`).
+RUN_LENGTH_SCHEDULES = ("warmup_cosine", "warmup_hold_cosine", "one_cycle")
 # warmup_hold_cosine holds its peak over this share of the run, then decays
 # (a pruning fine-tune: while the sparsity ramp grows, which ends at half by default).
 HOLD_FRACTION = 0.5

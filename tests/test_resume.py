@@ -539,3 +539,19 @@ def test_resume_fresh_keeps_the_backup_until_the_run_starts_training(digits, tmp
     assert state.read_bytes() == saved
     fresh = kerasfast.fit(_model(), (x, y), **{**options, "resume": "fresh"})
     assert len(fresh.history.history["loss"]) == 2 and not state.exists()  # trained afresh, then removed as done
+
+
+def test_a_constant_rate_run_resumes_with_more_epochs_as_one_that_asked_for_them(digits, tmp_path):
+    # Its backup was refused as "epochs 3 (the backup's run: 2), which sets the schedule's length", though no
+    # schedule follows the run's length: the steps done and those to come compute alike.
+    (x, y), _ = digits
+    x = x[:320].reshape(320, 64)
+    options = {**_OPTIONS, "optimizer": "adam", "learning_rate": 1e-3, "tune": "off", "steps_per_execution": 1}
+    whole = kerasfast.fit(_model(), (x, y[:320]), run_dir=tmp_path / "whole", **{**options, "epochs": 3})
+    assert whole.plan.lr_schedule == "optimizer's own"  # a constant rate
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        kerasfast.fit(_model(), (x, y[:320]), run_dir=tmp_path / "cut", callbacks=[_CrashInEpoch(1)], **options)
+    longer = kerasfast.fit(_model(), (x, y[:320]), run_dir=tmp_path / "cut", **{**options, "epochs": 3})
+    for a, b in zip(whole.model.get_weights(), longer.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert longer.history.history["loss"] == whole.history.history["loss"]

@@ -13,7 +13,7 @@ import keras
 from kerasfast.distribute.consensus import check_same_plan
 from kerasfast.distribute.strategy import scope_of
 from kerasfast.errors import PlanError
-from kerasfast.plan import COMPUTATION_FIELDS, Plan, resolve_plan
+from kerasfast.plan import COMPUTATION_FIELDS, RUN_LENGTH_SCHEDULES, Plan, resolve_plan
 from kerasfast.training import model_setup
 from kerasfast.training.run import Run
 from kerasfast.training.xla import xla_problem
@@ -135,6 +135,8 @@ def _check_resumable(run: Run, plan: Plan) -> None:
     if not recorded:
         return
     changed = [name for name in COMPUTATION_FIELDS if name in recorded and recorded[name] != getattr(plan, name)]
+    if "total_steps" in changed and plan.lr_schedule not in RUN_LENGTH_SCHEDULES and not plan.prune:
+        changed.remove("total_steps")  # nothing follows the run's length: a longer run computes its steps alike
     differences = _epochs_difference(run, plan, changed)
     differences += [f"{name} {getattr(plan, name)!r} (the backup's run: {recorded[name]!r})" for name in changed]
     differences += _argument_differences(run)
