@@ -90,6 +90,20 @@ def build_state_eagerly(model, sample_batch) -> None:
         model.optimizer.build(model.trainable_variables)
 
 
+def keras_backup_epoch(callbacks) -> int:
+    """The epoch a Keras `BackupAndRestore` among `callbacks` resumes the run at (0: none, or nothing saved),
+    read from the file its `on_train_begin` reads it from, before the run starts (the data must start there)."""
+    import json
+    import os
+
+    for callback in callbacks:
+        path = getattr(callback, "_training_metadata_path", None)
+        if isinstance(callback, keras.callbacks.BackupAndRestore) and path and os.path.exists(path):
+            with open(path) as file:
+                return int(json.load(file).get("epoch", 0))
+    return 0
+
+
 def detach_from_creation_strategy(model) -> None:
     """Makes Keras take the strategy from the surrounding scope instead of the
     one the model was created under, which skips the failing symbolic build."""

@@ -555,3 +555,22 @@ def test_a_constant_rate_run_resumes_with_more_epochs_as_one_that_asked_for_them
     for a, b in zip(whole.model.get_weights(), longer.model.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
     assert longer.history.history["loss"] == whole.history.history["loss"]
+
+
+def test_a_keras_backup_and_restore_resumes_with_the_data_order_of_the_epoch_it_resumes(digits, tmp_path):
+    # Keras's callback resumes inside model.fit; kerasfast's shuffled stream started over at epoch 0's order,
+    # so the resumed epoch trained on the wrong batches (0.05 apart from the uninterrupted run).
+    (x, y), _ = digits
+    x = x[:320].reshape(320, 64)
+    options = {**_OPTIONS, "epochs": 3, "shuffle": True, "seed": 5, "tune": "off", "run_dir": False,
+               "steps_per_execution": 1}
+
+    def backup(folder):
+        return keras.callbacks.BackupAndRestore(str(tmp_path / folder))
+
+    whole = kerasfast.fit(_model(), (x, y[:320]), callbacks=[backup("whole")], **options)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        kerasfast.fit(_model(), (x, y[:320]), callbacks=[backup("cut"), _CrashInEpoch(1)], **options)
+    resumed = kerasfast.fit(_model(), (x, y[:320]), callbacks=[backup("cut")], **options)
+    for a, b in zip(whole.model.get_weights(), resumed.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)

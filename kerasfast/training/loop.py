@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import keras
 
+from kerasfast import _compat
 from kerasfast.training.backup import Backup, BackupCallback, Progress
 
 
@@ -237,8 +238,11 @@ def run_epochs(model, stream_from, *, plan, epochs: int, callbacks: list, verbos
         phases.append((epoch, max(epoch, epochs), steps, 0))
     histories = []
     earlier = dict(progress.history) if progress else {}
+    # A Keras BackupAndRestore among the callbacks resumes inside model.fit, at the epoch it saved: the data
+    # starts there too, with that epoch's order (kerasfast's own backup is off then).
+    resumed_by_keras = _compat.keras_backup_epoch(callbacks) if progress is None else 0
     for index, (first_epoch, last_epoch, phase_steps, first_step) in enumerate(phases):
-        done = first_epoch * steps + first_step if steps else 0
+        done = max(first_epoch, resumed_by_keras) * steps + first_step if steps else 0
         before, after = [guard] if guard is not None else [], []
         if backup is not None:
             done_logs = _merge(histories, earlier, first_epoch).history if histories else earlier
