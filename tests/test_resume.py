@@ -574,3 +574,26 @@ def test_a_keras_backup_and_restore_resumes_with_the_data_order_of_the_epoch_it_
     resumed = kerasfast.fit(_model(), (x, y[:320]), callbacks=[backup("cut")], **options)
     for a, b in zip(whole.model.get_weights(), resumed.model.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: keras.callbacks.EarlyStopping(monitor="loss", min_delta=0.35, patience=1),
+    lambda: keras.callbacks.ReduceLROnPlateau(monitor="loss", min_delta=0.35, patience=1, factor=0.5),
+], ids=["EarlyStopping", "ReduceLROnPlateau"])
+def test_keras_callbacks_keep_what_they_counted_across_a_resume(digits, tmp_path, make):
+    # A new process's callback started counting again: the resumed run stopped later (4 epochs, not 3) or
+    # lowered its rate later than the uninterrupted one (the losses fall by 0.39, then 0.33: the first epoch
+    # after the crash is no improvement of 0.35 on the best before it, and an improvement on none).
+    (x, y), _ = digits
+    x = x[:320].reshape(320, 64)
+    options = {**_OPTIONS, "epochs": 8, "shuffle": False, "tune": "off", "optimizer": "adam", "learning_rate": 0.01,
+               "steps_per_execution": 1}
+    whole = kerasfast.fit(_model(), (x, y[:320]), run_dir=tmp_path / "whole", callbacks=[make()], **options)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        kerasfast.fit(_model(), (x, y[:320]), run_dir=tmp_path / "cut", callbacks=[make(), _CrashInEpoch(2)],
+                      **options)
+    resumed = kerasfast.fit(_model(), (x, y[:320]), run_dir=tmp_path / "cut", callbacks=[make()], **options)
+    assert resumed.history.epoch == whole.history.epoch
+    assert resumed.history.history == whole.history.history
+    for a, b in zip(whole.model.get_weights(), resumed.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -32,6 +32,27 @@ from kerasfast.training.optimizers import own_optimizers, unwrap
 
 STATE_FILE = "state.npz"
 DEFAULT_EVERY_STEPS = 100
+# What Keras's own callbacks count across epochs (their on_train_begin starts it again): backed up with the
+# run, so that a resumed run stops early, lowers its rate and keeps its best checkpoint as an uninterrupted one.
+CALLBACK_STATE = (
+    (keras.callbacks.EarlyStopping, ("wait", "stopped_epoch", "best", "best_epoch")),
+    (keras.callbacks.ReduceLROnPlateau, ("wait", "cooldown_counter", "best")),
+    (keras.callbacks.ModelCheckpoint, ("best",)),
+)
+
+
+def callbacks_state(callbacks) -> dict:
+    """`{"position:class": {attribute: value}}` of the `CALLBACK_STATE` of the run's callbacks (the class
+    name, so that a resume with other callbacks puts nothing where it does not belong)."""
+    state = {}
+    for position, callback in enumerate(callbacks):
+        names = next((names for kind, names in CALLBACK_STATE if isinstance(callback, kind)), ())
+        values = {name: getattr(callback, name, None) for name in names}
+        values = {name: value.item() if isinstance(value, np.generic) else value for name, value in values.items()
+                  if isinstance(value, (int, float, np.generic)) and not isinstance(value, bool)}
+        if values:
+            state[f"{position}:{type(callback).__name__}"] = values
+    return state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +68,7 @@ class Progress:
         history: Logs of the epochs already done (Keras `History` form).
         plan: The run's resolved plan (`Plan.values()`): a resumed run uses
             its choices instead of measuring again.
+        callbacks: The state of Keras's own callbacks (`callbacks_state`).
     """
 
     epoch: int
@@ -55,6 +77,7 @@ class Progress:
     signature: dict
     history: dict = dataclasses.field(default_factory=dict)
     plan: dict = dataclasses.field(default_factory=dict)
+    callbacks: dict = dataclasses.field(default_factory=dict)
 
     def batches_done(self, steps_per_epoch: int) -> int:
         return self.epoch * steps_per_epoch + self.step
@@ -190,7 +213,7 @@ class Backup:
             with np.load(self.path, allow_pickle=False) as data:
                 meta = json.loads(str(data["meta"]))
             return Progress(meta["epoch"], meta["step"], meta["seed"], meta["signature"], meta.get("history", {}),
-                            meta.get("plan", {}))
+                            meta.get("plan", {}), meta.get("callbacks", {}))
 
     @contextlib.contextmanager
     def _reading(self):
@@ -288,13 +311,16 @@ class BackupCallback(keras.callbacks.Callback):
         seed: The data seed to record.
         first_epoch, first_step: Where this (possibly resumed) fit starts.
         history: Logs of the epochs done before this fit.
+        callbacks: The run's callbacks, whose `callbacks_state` is saved.
     """
 
     def __init__(self, backup: Backup, plan, seed: int, every_steps: int, first_epoch: int = 0, first_step: int = 0,
-                 history: dict | None = None, recorded: dict | None = None):
+                 history: dict | None = None, recorded: dict | None = None, callbacks=()):
         super().__init__()
         self.recorded = dict(recorded or {})
+        self.callbacks = list(callbacks)
         self._saved_logs = {}  # the logs of the last epoch-end save
+        self._saved_callbacks = {}  # and the callbacks' state
         self.history = {name: list(values) for name, values in (history or {}).items()}
         self.backup = backup
         self.plan = plan
@@ -306,7 +332,7 @@ class BackupCallback(keras.callbacks.Callback):
 
     def _progress(self, epoch, step):
         return Progress(epoch, step, self.seed, {**signature(self.model, self.plan), **self.recorded},
-                        self.history, self.plan.values())
+                        self.history, self.plan.values(), callbacks_state(self.callbacks))
 
     def on_epoch_begin(self, epoch, logs=None):
         if epoch != self._epoch:
@@ -327,6 +353,7 @@ class BackupCallback(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         # Saved before the user's callbacks run, so an epoch one of them fails after is kept.
         self._saved_logs = {name: float(value) for name, value in (logs or {}).items()}
+        self._saved_callbacks = callbacks_state(self.callbacks)
         for name, value in self._saved_logs.items():
             self.history.setdefault(name, []).append(value)
         self.backup.save(self.model, self.plan, self._progress(epoch + 1, 0))
@@ -335,14 +362,15 @@ class BackupCallback(keras.callbacks.Callback):
 
     def after_callbacks(self) -> keras.callbacks.Callback:
         """A callback to place after the user's: it saves the epoch again when they changed its logs
-        (ReduceLROnPlateau adds its rate, and sets a new one), so a resume has the History and the rate
-        they leave."""
+        (ReduceLROnPlateau adds its rate, and sets a new one) or their own state (`callbacks_state`: an
+        EarlyStopping's patience counted), so a resume has the History, the rate and the state they leave."""
         return keras.callbacks.LambdaCallback(on_epoch_end=self._epoch_logs_final)
 
     def _epoch_logs_final(self, epoch, logs=None):
         final = {name: float(value) for name, value in (logs or {}).items()}
-        if final.keys() == self._saved_logs.keys() and all(
-                value == self._saved_logs[name] or value != value for name, value in final.items()):  # NaN: no change
+        same_logs = final.keys() == self._saved_logs.keys() and all(
+            value == self._saved_logs[name] or value != value for name, value in final.items())  # NaN: no change
+        if same_logs and callbacks_state(self.callbacks) == self._saved_callbacks:
             return
         for name, value in final.items():
             if name in self._saved_logs:

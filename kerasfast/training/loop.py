@@ -16,6 +16,23 @@ from kerasfast import _compat
 from kerasfast.training.backup import Backup, BackupCallback, Progress
 
 
+class _RestoreCallbackState(keras.callbacks.Callback):
+    """Puts back what Keras's own callbacks had counted when the backup was saved (`backup.callbacks_state`),
+    right after their `on_train_begin` started it again."""
+
+    def __init__(self, callbacks, state: dict):
+        super().__init__()
+        self._callbacks, self._state = list(callbacks), state
+
+    def on_train_begin(self, logs=None):
+        for key, values in self._state.items():
+            position, _, kind = key.partition(":")
+            callback = self._callbacks[int(position)] if int(position) < len(self._callbacks) else None
+            if callback is not None and type(callback).__name__ == kind:
+                for name, value in values.items():
+                    setattr(callback, name, value)
+
+
 class _RestoreMetrics(keras.callbacks.Callback):
     """Puts back the saved metric state of a partly finished epoch.
 
@@ -247,9 +264,11 @@ def run_epochs(model, stream_from, *, plan, epochs: int, callbacks: list, verbos
         if backup is not None:
             done_logs = _merge(histories, earlier, first_epoch).history if histories else earlier
             saving = BackupCallback(backup, plan, seed, backup_every, first_epoch, first_step, done_logs,
-                                    recorded=recorded)
+                                    recorded=recorded, callbacks=callbacks)
             before.append(saving)
             after.append(saving.after_callbacks())
+            if index == 0 and progress is not None and progress.callbacks:
+                after.append(_RestoreCallbackState(callbacks, progress.callbacks))
         if first_step and metric_values is not None:
             before.append(_RestoreMetrics(metric_values))
         phase_callbacks = _session_callbacks(callbacks, verbose, steps, first_step, first=index == 0,
