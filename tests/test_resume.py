@@ -508,20 +508,32 @@ def test_data_of_unknown_length_is_backed_up_at_epoch_ends_and_resumes_exactly(d
     progress = Backup(tmp_path / "cut" / "backup").progress()
     assert (progress.epoch, progress.step) == (1, 0)  # the end of the first epoch, not step 4 or 6 of the second
     resumed = kerasfast.fit(_model(), unknown_length(), run_dir=tmp_path / "cut", **options)
-    for a, b in zip(whole.model.get_weights(), resumed.model.get_weights(), strict=True):
-        np.testing.assert_array_equal(a, b)
+    _assert_same_weights(whole, resumed)
     assert resumed.history.history["loss"] == whole.history.history["loss"]
+
+
+def _whole_and_resumed(x, y, tmp_path, options, crash_epoch, *, callbacks=list, later_options=None):
+    """An uninterrupted run, and the same run crashed in `crash_epoch` then called again; `later_options` on top
+    of `options` for the uninterrupted run and the call again. Each run has fresh `callbacks()`."""
+    later = {**options, **(later_options or {})}
+    whole = kerasfast.fit(_model(), (x, y), run_dir=tmp_path / "whole", callbacks=callbacks(), **later)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        kerasfast.fit(_model(), (x, y), run_dir=tmp_path / "cut", callbacks=[*callbacks(), _CrashInEpoch(crash_epoch)],
+                      **options)
+    resumed = kerasfast.fit(_model(), (x, y), run_dir=tmp_path / "cut", callbacks=callbacks(), **later)
+    return whole, resumed
+
+
+def _assert_same_weights(one, other):
+    for a, b in zip(one.model.get_weights(), other.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_a_resumed_run_from_initial_epoch_numbers_its_history_as_an_uninterrupted_one(digits, tmp_path):
     # The epochs before the resume were numbered from 0, not from initial_epoch: one index too many.
     (x, y), _ = digits
-    x = x[:320].reshape(320, 64)
     options = {**_OPTIONS, "initial_epoch": 1, "epochs": 4, "shuffle": False, "tune": "off"}
-    whole = kerasfast.fit(_model(), (x, y[:320]), run_dir=tmp_path / "whole", **options)
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        kerasfast.fit(_model(), (x, y[:320]), run_dir=tmp_path / "cut", callbacks=[_CrashInEpoch(2)], **options)
-    resumed = kerasfast.fit(_model(), (x, y[:320]), run_dir=tmp_path / "cut", **options)
+    whole, resumed = _whole_and_resumed(x[:320].reshape(320, 64), y[:320], tmp_path, options, crash_epoch=2)
     assert whole.history.epoch == resumed.history.epoch == [1, 2, 3]
     assert len(resumed.history.history["loss"]) == 3
     assert json.loads((tmp_path / "cut" / "result.json").read_text())["epochs"] == 3
@@ -545,15 +557,11 @@ def test_a_constant_rate_run_resumes_with_more_epochs_as_one_that_asked_for_them
     # Its backup was refused as "epochs 3 (the backup's run: 2), which sets the schedule's length", though no
     # schedule follows the run's length: the steps done and those to come compute alike.
     (x, y), _ = digits
-    x = x[:320].reshape(320, 64)
     options = {**_OPTIONS, "optimizer": "adam", "learning_rate": 1e-3, "tune": "off", "steps_per_execution": 1}
-    whole = kerasfast.fit(_model(), (x, y[:320]), run_dir=tmp_path / "whole", **{**options, "epochs": 3})
+    whole, longer = _whole_and_resumed(x[:320].reshape(320, 64), y[:320], tmp_path, options, crash_epoch=1,
+                                       later_options={"epochs": 3})
     assert whole.plan.lr_schedule == "optimizer's own"  # a constant rate
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        kerasfast.fit(_model(), (x, y[:320]), run_dir=tmp_path / "cut", callbacks=[_CrashInEpoch(1)], **options)
-    longer = kerasfast.fit(_model(), (x, y[:320]), run_dir=tmp_path / "cut", **{**options, "epochs": 3})
-    for a, b in zip(whole.model.get_weights(), longer.model.get_weights(), strict=True):
-        np.testing.assert_array_equal(a, b)
+    _assert_same_weights(whole, longer)
     assert longer.history.history["loss"] == whole.history.history["loss"]
 
 
@@ -572,8 +580,7 @@ def test_a_keras_backup_and_restore_resumes_with_the_data_order_of_the_epoch_it_
     with pytest.raises(RuntimeError, match="simulated crash"):
         kerasfast.fit(_model(), (x, y[:320]), callbacks=[backup("cut"), _CrashInEpoch(1)], **options)
     resumed = kerasfast.fit(_model(), (x, y[:320]), callbacks=[backup("cut")], **options)
-    for a, b in zip(whole.model.get_weights(), resumed.model.get_weights(), strict=True):
-        np.testing.assert_array_equal(a, b)
+    _assert_same_weights(whole, resumed)
 
 
 @pytest.mark.parametrize("make", [
@@ -585,15 +592,10 @@ def test_keras_callbacks_keep_what_they_counted_across_a_resume(digits, tmp_path
     # lowered its rate later than the uninterrupted one (the losses fall by 0.39, then 0.33: the first epoch
     # after the crash is no improvement of 0.35 on the best before it, and an improvement on none).
     (x, y), _ = digits
-    x = x[:320].reshape(320, 64)
     options = {**_OPTIONS, "epochs": 8, "shuffle": False, "tune": "off", "optimizer": "adam", "learning_rate": 0.01,
                "steps_per_execution": 1}
-    whole = kerasfast.fit(_model(), (x, y[:320]), run_dir=tmp_path / "whole", callbacks=[make()], **options)
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        kerasfast.fit(_model(), (x, y[:320]), run_dir=tmp_path / "cut", callbacks=[make(), _CrashInEpoch(2)],
-                      **options)
-    resumed = kerasfast.fit(_model(), (x, y[:320]), run_dir=tmp_path / "cut", callbacks=[make()], **options)
+    whole, resumed = _whole_and_resumed(x[:320].reshape(320, 64), y[:320], tmp_path, options, crash_epoch=2,
+                                        callbacks=lambda: [make()])
     assert resumed.history.epoch == whole.history.epoch
     assert resumed.history.history == whole.history.history
-    for a, b in zip(whole.model.get_weights(), resumed.model.get_weights(), strict=True):
-        np.testing.assert_array_equal(a, b)
+    _assert_same_weights(whole, resumed)
