@@ -316,3 +316,48 @@ def test_ray_workers_refuses_a_negative_count(tmp_path):
 
     with pytest.raises(PlanError, match=r"--ray-workers -1: give a number of workers"):
         recipes.load_recipe("tabular").main(["--smoke", "--ray-workers", "-1", "--out", str(tmp_path)])
+
+
+def _shard_model():
+    import keras
+
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(2)])
+
+
+def test_a_ray_data_shard_takes_class_weight_its_nan_check_and_refuses_itself_as_validation_data():
+    # In one process (no cluster): class_weight was dropped for a shard, its NaN went unchecked until the
+    # guard gave up, and a shard as validation_data failed after a whole epoch with Keras's "Unrecognized data".
+    import keras
+
+    import kerasfast
+    from kerasfast.distribute.ray_train import RayShard
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(128, 8)).astype("float32"), rng.integers(0, 2, 128)
+    options = dict(epochs=1, batch_size=32, verbose=0, seed=0, optimizer="adam", run_dir=False, tune="off",
+                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), shuffle=False)
+    weighted = kerasfast.fit(_shard_model(), (x, y), class_weight={0: 1.0, 1: 5.0}, **options).history["loss"]
+    sharded = kerasfast.fit(_shard_model(), RayShard(x, y, None, 128), class_weight={0: 1.0, 1: 5.0},
+                            **options).history["loss"]
+    np.testing.assert_allclose(sharded, weighted, rtol=1e-6)
+    holed = x.copy()
+    holed[7, 2] = np.nan
+    with pytest.raises(kerasfast.DataError, match=r"x holds NaN at sample 7, position \(2,\)"):
+        kerasfast.fit(_shard_model(), RayShard(holed, y, None, 128), **options)
+    with pytest.raises(kerasfast.PlanError, match="validation_data= is a Ray Data shard"):
+        kerasfast.fit(_shard_model(), RayShard(x, y, None, 128), validation_data=RayShard(x, y, None, 128),
+                      **options)
+
+
+def test_a_run_a_callback_stops_early_hands_its_last_epoch_to_ray_with_the_model():
+    # An EarlyStopping's last epoch was reported at once, without model.keras, so result.checkpoint had none.
+    from kerasfast.training.ray_report import RayReport
+
+    report = RayReport(run=None)
+    model = _shard_model()
+    report.set_model(model)
+    report.set_params({"epochs": 5})
+    model.stop_training = True
+    report.on_epoch_end(1, {"loss": 0.5})
+    assert report.pending == {"epoch": 2, "loss": 0.5}  # held back for finish(), which reports it with the model

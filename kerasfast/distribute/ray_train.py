@@ -223,6 +223,26 @@ class RayShard:
     def __init__(self, x, y, sample_weight, num_rows: int):
         self.x, self.y, self.sample_weight, self.num_rows = x, y, sample_weight, num_rows
 
+    def weighted(self, class_weight: dict | None) -> "RayShard":
+        """This shard with `class_weight` turned into per-sample weights (multiplying its own, if any), as
+        Keras applies `class_weight`; the shard itself when None."""
+        if class_weight is None:
+            return self
+        import numpy as np
+
+        from kerasfast.training.inputs import class_weights_for
+
+        if self.y is None:
+            raise DataError("class_weight= needs targets, and the Ray Data shard has none: pass y= to ray_dataset.")
+        weights = class_weights_for(self.y, class_weight)
+        if self.sample_weight is not None:
+            weights = weights * np.asarray(self.sample_weight, "float32").reshape(weights.shape)
+        return RayShard(self.x, self.y, weights, self.num_rows)
+
+    def arrays(self) -> tuple:
+        """`(x, y, sample_weight)`: the shard's columns."""
+        return self.x, self.y, self.sample_weight
+
     def prepared(self, batch_size: int | None, num_workers: int, *, shuffle, seed: int | None):
         """kerasfast's `PreparedData` for the plan: this worker's rows, and
         the job's samples per epoch (every worker's shard, equal in size)."""

@@ -39,11 +39,18 @@ def prepare(run: Run, batch_size: int | None) -> None:
             and run.distribution.name == "multi_worker":
         raise PlanError("class_weight= is not applied to TFRecords read per worker: write the weights into the "
                         "records (a sample_weight feature) or train on one machine.")
+    if isinstance(feed.validation_data, ray_train.RayShard):
+        raise PlanError("validation_data= is a Ray Data shard (ray_dataset), which kerasfast reads as training data "
+                        "only: pass the validation rows as arrays (e.g. ray_dataset(...).arrays() of the validation "
+                        "shard), or a tf.data.Dataset.")
+    if isinstance(feed.x, ray_train.RayShard):  # each worker's own rows (kerasfast.distribute.ray_dataset)
+        feed.x = feed.x.weighted(feed.class_weight)
     if args.on_nan != "ignore":
-        for what, value in (("x", feed.x), ("y", feed.y), ("sample_weight", feed.sample_weight)):
+        arrays = feed.x.arrays() if isinstance(feed.x, ray_train.RayShard) else (feed.x, feed.y, feed.sample_weight)
+        for what, value in zip(("x", "y", "sample_weight"), arrays, strict=True):
             check_finite(value, what)
     with damage_named(feed.x, feed.validation_data):
-        if isinstance(feed.x, ray_train.RayShard):  # each worker's own rows (kerasfast.distribute.ray_dataset)
+        if isinstance(feed.x, ray_train.RayShard):
             run.train_data = feed.x.prepared(batch_size, run.distribution.cluster.num_workers, shuffle=feed.shuffle,
                                              seed=run.seed)
         else:

@@ -38,7 +38,9 @@ class RayReport(keras.callbacks.Callback):
         self.pending = None  # the last epoch's metrics, reported with the model
 
     def on_epoch_end(self, epoch, logs=None):
-        self.epoch_ended(epoch, logs, last=epoch + 1 >= self.params.get("epochs", 0))
+        # Last also where a callback before this one stopped the run (EarlyStopping): its report carries the model.
+        stopped = bool(getattr(self.model, "stop_training", False))
+        self.epoch_ended(epoch, logs, last=stopped or epoch + 1 >= self.params.get("epochs", 0))
 
     def epoch_ended(self, epoch: int, logs, last: bool) -> None:
         if self.pending is not None:  # fit went on after an epoch it was told was the last
