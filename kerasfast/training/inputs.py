@@ -272,7 +272,7 @@ def _with_string_tensors(structure):
         array = _as_array(leaf) if hasattr(leaf, "to_numpy") or isinstance(leaf, np.ndarray) else leaf
         return tf.constant(array) if _holds_strings(array) else leaf
 
-    return keras.tree.map_structure(convert, keras.tree.lists_to_tuples(structure)) if structure is not None else None
+    return keras.tree.map_structure(convert, structure) if structure is not None else None
 
 
 def _check_not_strings(part, name: str, what: str) -> None:

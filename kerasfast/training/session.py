@@ -195,7 +195,7 @@ def borrowed(model, plan):
         The run's `LearningRates` (None without any optimizer).
     """
     from kerasfast.training import optimizers
-    
+
     with contextlib.ExitStack() as stack:
         stack.enter_context(model_attributes_restored(model))
         stack.enter_context(optimizers.fused_update(model.optimizer))
