@@ -83,8 +83,8 @@ class Progress:
         return self.epoch * steps_per_epoch + self.step
 
 
-# The signature's key, present only for a model with optimizers of its own
-# (`own_optimizers`), so that every other model's backup stays as it was.
+# The signature's key, present only for a model with optimizers that build in its first step
+# (`_lazily_built_optimizers`), so that every other model's backup stays as it was.
 OWN_OPTIMIZERS = "own_optimizers"
 
 
@@ -119,7 +119,7 @@ def signature(model, plan) -> dict:
         "steps_per_epoch": plan.steps_per_epoch,
         "grad_accum_steps": plan.grad_accum_steps,
     }
-    built_for = _own_optimizers_built_for(model)
+    built_for = _lazy_optimizers_built_for(model)
     if built_for:
         found[OWN_OPTIMIZERS] = built_for
     return found
@@ -137,7 +137,7 @@ def _lazily_built_optimizers(model) -> dict:
     return {**found, **own_optimizers(model)}
 
 
-def _own_optimizers_built_for(model) -> dict:
+def _lazy_optimizers_built_for(model) -> dict:
     """`{name: positions in model.variables}` of the variables each lazily built optimizer
     (`_lazily_built_optimizers`) was built for (None: not built yet).
 
@@ -151,8 +151,8 @@ def _own_optimizers_built_for(model) -> dict:
             for name, optimizer in _lazily_built_optimizers(model).items()}
 
 
-def _build_own_optimizers(model, built_for: dict | None) -> None:
-    """Builds each lazily built optimizer that the backup's run had built (`_own_optimizers_built_for`) and this
+def _build_lazy_optimizers(model, built_for: dict | None) -> None:
+    """Builds each lazily built optimizer that the backup's run had built (`_lazy_optimizers_built_for`) and this
     one has not yet, for the same variables; the signature check then compares the rest."""
     variables = list(model.variables)
     for name, optimizer in _lazily_built_optimizers(model).items():
@@ -257,14 +257,14 @@ class Backup:
             PlanError: When the state was saved for a different model or plan.
         """
         progress = self.progress()
-        _build_own_optimizers(model, progress.signature.get(OWN_OPTIMIZERS))
+        _build_lazy_optimizers(model, progress.signature.get(OWN_OPTIMIZERS))
         expected = signature(model, plan)
         checked = ("shapes",) if force else tuple(expected)
         changed = [k for k in checked if progress.signature.get(k) != expected[k]]
         if changed:
             what = [_shapes_difference(progress.signature.get("shapes") or [], expected["shapes"]) if name == "shapes"
-                    else f"the optimizers of the model's own ({', '.join(expected[name])}) were built for other "
-                         f"variables" if name == OWN_OPTIMIZERS
+                    else f"the optimizers {', '.join(expected[name])} were built for other variables"
+                    if name == OWN_OPTIMIZERS
                     else f"{name} {expected[name]!r} (the backup's run: {progress.signature.get(name)!r})"
                     for name in changed]
             raise PlanError(
