@@ -11,7 +11,9 @@ The same 32x32x3 image records as `benchmarks/input_pipeline.py`, read by:
 4. + the shuffle buffer (10,000 records, in blocks);
 5. + one `parse_example` and the decode per batch;
 6. + the record names `parse_example` puts in its errors;
-7. `kerasfast.data.tfrecord_dataset`, shuffle=False and default;
+7. `kerasfast.data.tfrecord_dataset`, shuffle=False and default (the
+   records cut out by the byte layout schema.json records), and default
+   with that layout entry removed (every record parsed, as rows 5-6);
 8. a layout kerasfast does not write: 32 records packed into each TFRecord
    record (each feature a list of 32 values), parsed 16 packed records at a
    time, shuffled within that window, re-batched. It has none of the checks
@@ -27,6 +29,8 @@ minimum over the rounds (this machine's noise only ever adds) and the median.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import pathlib
 import statistics
@@ -64,7 +68,18 @@ def write_packed(x, y, folder: pathlib.Path, shards: int) -> list[str]:
     return files
 
 
-def stages(files: list[str], counts: list[int], folder: str, packed_files: list[str]) -> dict:
+def without_layout(folder: pathlib.Path, into: pathlib.Path) -> str:
+    """A copy of the dataset whose schema.json has no byte layout: the reader then parses every record."""
+    import shutil
+
+    shutil.copytree(folder, into)
+    schema = json.loads((into / "schema.json").read_text())
+    schema["layout"] = None
+    (into / "schema.json").write_text(json.dumps(schema))
+    return str(into)
+
+
+def stages(files: list[str], counts: list[int], folder: str, packed_files: list[str], parsed_folder: str) -> dict:
     """Row name -> a function making that row's dataset."""
     import tensorflow as tf
 
@@ -73,7 +88,8 @@ def stages(files: list[str], counts: list[int], folder: str, packed_files: list[
     from kerasfast.data.schema import Schema
 
     tune = tf.data.AUTOTUNE
-    decode = Schema.load(os.path.join(folder, "schema.json")).make_batch_decoder()
+    # Rows 5-6: the general decoder, each record parsed (rows 7a-7b cut them out by the files' byte layout).
+    decode = dataclasses.replace(Schema.load(os.path.join(folder, "schema.json")), layout=None).make_batch_decoder()
     names = tf.constant(files)
     sources = tf.data.Dataset.from_tensor_slices((files, tf.range(len(files), dtype=tf.int64) * reader.RECORD_ID_STRIDE,
                                                   tf.constant(counts, tf.int64)))
@@ -120,6 +136,8 @@ def stages(files: list[str], counts: list[int], folder: str, packed_files: list[
         "6. + record names in parse errors": lambda: parsed(named=True),
         "7a. kerasfast, shuffle=False": lambda: kd.tfrecord_dataset(folder, batch_size=BATCH, shuffle=False),
         "7b. kerasfast, default": lambda: kd.tfrecord_dataset(folder, batch_size=BATCH),
+        "7c. kerasfast, default, schema.json's layout entry removed": lambda: kd.tfrecord_dataset(
+            parsed_folder, batch_size=BATCH),
         f"8. packed layout ({PACKED} per TFRecord record)": packed,
     }
 
@@ -151,7 +169,8 @@ def main(argv=None) -> dict:
         written = kd.write_tfrecords((x, y), pathlib.Path(work) / "images", shards=args.shards)
         packed_files = write_packed(x, y, pathlib.Path(work) / "packed", args.shards)
         makers = stages([str(f) for f in written.files], [s.num_records for s in written.schema.shards],
-                        str(written.out_dir), packed_files)
+                        str(written.out_dir), packed_files,
+                        without_layout(pathlib.Path(written.out_dir), pathlib.Path(work) / "parsed"))
         datasets = {name: make() for name, make in makers.items()}
         for dataset in datasets.values():
             cpu_us_per_record(dataset, args.records)  # untimed: page cache, thread pools, autotuning

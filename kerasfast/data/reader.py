@@ -182,6 +182,8 @@ class _Elements:
     label: str | None
     input_names: list
     decode: Any
+    parse_spec: dict  # `tf.io.parse_example`'s spec of the records
+    stand_in: bytes  # a record of the files' layout (b"" without one), parsed in place of a short file's padding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -475,7 +477,8 @@ def _elements(resolved, label, image_size) -> _Elements:
     if not input_names:
         raise DataError(f"the label {label_name!r} is the only feature; there is nothing to feed the model.")
     decode = schema.make_batch_decoder(image_size)  # raises early for unbatchable images
-    return _Elements(label_name, input_names, decode)
+    stand_in = schema.layout.template() if schema.layout is not None else b""
+    return _Elements(label_name, input_names, decode, schema.parse_spec(), stand_in)
 
 
 # -- which files this worker reads ------------------------------------------------
@@ -777,12 +780,15 @@ def _parse_stage(batches, request: _Request, settings: PipelineSettings, element
     file_names = tf.constant(files or [""])
 
     def decode_batch(ids, serialized):
-        if check_counts:
-            serialized = _raise_on_short_files(ids, serialized)
         if drop_remainder:
             # rebatch() loses the static batch size that drop_remainder promises; restore it.
             serialized = tf.ensure_shape(serialized, [batch_size])
-        decoded = elements.decode(serialized, names=_record_names(file_names, ids))
+        # A short file's padding never fits a record layout (its first byte differs from every Example's):
+        # where the records are cut out by position, the misfit's explanation names it.
+        decoded = elements.decode(serialized, names=lambda: _record_names(file_names, ids),
+                                  guard=(lambda batch: _raise_on_short_files(ids, batch)) if check_counts else None,
+                                  explain=lambda batch, at, text: _misfit_message(file_names, ids, batch, at, text,
+                                                                                  elements))
         if drop_remainder:
             decoded = {k: tf.ensure_shape(v, [batch_size, *v.shape[1:]]) for k, v in decoded.items()}
         if label_name is None:
@@ -814,14 +820,48 @@ def _raise_on_short_files(ids, serialized):
 
     def short():  # built only when a file is short
         first = tf.argmax(tf.cast(padding, tf.int32))
-        among_padding, message = tf.unstack(tf.strings.split(
-            tf.strings.substr(serialized[first], len(SHORT_FILE_MARK), -1), sep=":", maxsplit=1), num=2)
-        read = ids[first] % RECORD_ID_STRIDE - tf.strings.to_number(among_padding, tf.int64)
-        message = tf.strings.regex_replace(message, READ_COUNT, tf.strings.as_string(read))
+        message = _short_file_text(serialized[first], ids[first])
         with tf.control_dependencies([tf.debugging.Assert(False, [message], summarize=1)]):
             return tf.identity(serialized)
 
     return tf.cond(tf.reduce_any(padding), short, lambda: serialized)
+
+
+def _short_file_text(record, record_id):
+    """The error a short file's padding `record` (numbered `record_id`) carries, with the records read; for
+    any other record, an empty string (a string tensor, made without raising whatever the bytes)."""
+    import tensorflow as tf
+
+    is_padding = tf.strings.substr(record, 0, len(SHORT_FILE_MARK)) == SHORT_FILE_MARK
+    # Padding is MARK, its index among the padding, ":", the message. Any other record is swapped for
+    # padding of an empty message first: the steps below would raise on arbitrary bytes.
+    padding = tf.where(is_padding, record, SHORT_FILE_MARK + "0:")
+    head, message = tf.unstack(tf.strings.split(padding, sep=":", maxsplit=1), num=2)
+    among_padding = tf.strings.to_number(tf.strings.substr(head, len(SHORT_FILE_MARK), -1), tf.int64)
+    read = record_id % RECORD_ID_STRIDE - among_padding
+    return tf.strings.regex_replace(message, READ_COUNT, tf.strings.as_string(read))
+
+
+def _misfit_message(file_names, ids, serialized, position, misfit_text, elements: _Elements):
+    """The error of the batch's record at `position`, which does not fit the files' record layout: a short
+    file's padding carries its own; any other record is named, followed by `misfit_text`.
+
+    The record is parsed alone on the way: one missing a feature or holding another type fails there with
+    TensorFlow's own error, which names the record and the feature. (Every batch pays for parsing one
+    record, its first; a branch taken only for misfits would cost more: see `RecordLayout`.)
+    """
+    import tensorflow as tf
+
+    record = serialized[position]
+    short = _short_file_text(record, ids[position])
+    name = _record_names(file_names, ids[position:position + 1])
+    alone = tf.where(short != "", elements.stand_in, record)[tf.newaxis]
+    parsed = tf.nest.flatten(tf.io.parse_example(alone, elements.parse_spec, example_names=name))[0]
+    # "", read from the parse: the message needs its result (a control dependency on a stateless op may be
+    # pruned, and the parse with it).
+    after_parse = tf.strings.substr(parsed if parsed.dtype == tf.string else tf.strings.as_string(parsed), 0, 0)[0]
+    message = tf.where(short != "", short, tf.strings.join(["DataError: ", name[0], " ", misfit_text]))
+    return tf.strings.join([message, after_parse])
 
 
 def _short_file_message(path, promised):

@@ -28,6 +28,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from kerasfast._atomic import replace_durably
+from kerasfast.data.layout import RecordLayout
 from kerasfast.errors import DataError
 
 SCHEMA_FILENAME = "schema.json"
@@ -155,6 +156,8 @@ class Schema:
         shuffled: True when records were written in random order, so that
             neighbouring records in a file are unrelated (the reader may then
             take them in small blocks at no cost in randomness).
+        layout: the byte layout every record has (`RecordLayout`), when the
+            writer found all of them to share one; None otherwise.
     """
 
     features: list
@@ -165,6 +168,7 @@ class Schema:
     classes: list | None = None
     source: str | None = None
     shuffled: bool = False
+    layout: RecordLayout | None = None
 
     def __post_init__(self):
         names = [f.name for f in self.features]
@@ -206,6 +210,7 @@ class Schema:
             "classes": self.classes,
             "source": self.source,
             "shuffled": self.shuffled,
+            "layout": self.layout.to_json() if self.layout is not None else None,
         }
 
     @classmethod
@@ -247,6 +252,7 @@ class Schema:
                 shuffled=entry.check("shuffled", obj.get("shuffled", False), lambda v: isinstance(v, bool),
                                      "true or false"),
             )
+            schema.layout = entry.layout("layout", obj.get("layout"), schema.features)
         except DataError as exc:
             if str(exc).startswith(path):
                 raise
@@ -297,19 +303,29 @@ class Schema:
         return spec
 
     def make_batch_decoder(self, image_size: Sequence[int] | None = None):
-        """Returns a function: batch of serialized Examples (and, optionally,
-        their names for TensorFlow's error messages) -> dict of decoded tensors.
+        """Returns `decode(serialized, names=None, guard=None, explain=None)`:
+        a batch of serialized Examples -> dict of decoded tensors.
 
         Parsing a whole batch with one `tf.io.parse_example` call is what makes
-        the reader fast; per-record work is limited to image decoding.
-        """
-        import tensorflow as tf
+        the reader fast; per-record work is limited to image decoding. When
+        schema.json records the files' byte layout (`RecordLayout`), every
+        feature is cut out by position instead, with no protobuf parsing.
 
+        Args of `decode`:
+            names: the records' names in TensorFlow's parse errors, or a
+                function making them (called only where records are parsed).
+            guard: a function run on the batch before it is parsed.
+            explain: `(serialized, position) -> message` for a record that
+                does not fit the layout (see `RecordLayout.decoder`).
+        """
+        if self.layout is not None:
+            cut = self.layout.decoder
+            return lambda serialized, names=None, guard=None, explain=None: cut(self.features, explain)(serialized)
         spec = self.parse_spec()
         decoders = {f.name: _feature_decoder(f, image_size) for f in self.features}
 
-        def decode(serialized, names=None):
-            parsed = tf.io.parse_example(serialized, spec, example_names=names)
+        def decode(serialized, names=None, guard=None, explain=None):
+            parsed = _parse_examples(serialized, spec, names, guard)
             return {name: decoders[name](parsed[name]) for name in self.feature_names}
 
         return decode
@@ -376,11 +392,32 @@ class _SchemaEntries:
                        f"[4] or [28, 28], [] for a scalar; null, a size that varies, is for images only)")
         return FeatureSchema(name, dtype, tuple(shape), encoding)
 
+    def layout(self, key: str, obj, features) -> RecordLayout | None:
+        """The records' byte layout, or None when there is none or it no longer places these features (the
+        features entry was edited: the records are then parsed, and checked against the features)."""
+        if obj is None:
+            return None
+        try:
+            layout = RecordLayout.from_json(obj)
+        except DataError as error:
+            self.check(key, obj, lambda v: False, str(error))  # raises, naming the entry
+            raise
+        return layout if layout.describes(features) else None
+
     def shard(self, key: str, obj) -> "ShardInfo":
         obj = self.fields(key, obj, ("file", "num_records", "num_bytes"))
         return ShardInfo(self.check(f"{key}.file", obj["file"], lambda v: isinstance(v, str), "a file name"),
                          self.check(f"{key}.num_records", obj["num_records"], _is_count, "a whole number"),
                          self.check(f"{key}.num_bytes", obj["num_bytes"], _is_count, "a whole number"))
+
+
+def _parse_examples(serialized, spec: dict, names, guard) -> dict:
+    """`tf.io.parse_example` of the batch (see `Schema.make_batch_decoder` for `names` and `guard`)."""
+    import tensorflow as tf
+
+    if guard is not None:
+        serialized = guard(serialized)
+    return tf.io.parse_example(serialized, spec, example_names=names() if callable(names) else names)
 
 
 def _feature_decoder(f: FeatureSchema, image_size):
@@ -506,10 +543,8 @@ class _ExternalSchema(Schema):
         return {f.name: f.conf for f in self.features}
 
     def make_batch_decoder(self, image_size=None):
-        import tensorflow as tf
-
         spec = self.parse_spec()
-        return lambda serialized, names=None: tf.io.parse_example(serialized, spec, example_names=names)
+        return lambda serialized, names=None, guard=None, explain=None: _parse_examples(serialized, spec, names, guard)
 
     def output_signature(self, image_size=None) -> dict:
         import tensorflow as tf

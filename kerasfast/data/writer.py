@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from kerasfast.data.files import PENDING_FILENAME, load_folder
+from kerasfast.data.layout import RecordLayout
 from kerasfast.data.schema import (
     FLOAT_LIST_DTYPES,
     INT_LIST_DTYPES,
@@ -247,6 +248,7 @@ def write_tfrecords(
             classes=src.classes,
             source=src.description,
             shuffled=src.shuffled,
+            layout=encoder.layout,
         )
         _save_commit_record(plan, schema, kept)
         committed = True  # from here the temporary files are the new dataset: never delete them
@@ -581,6 +583,8 @@ class _RecordEncoder:
         self._image_shapes: dict = {}
         self._image_formats: dict = {}
         self.encoded_by_option: list = []  # the features image_encoding applies to
+        # The byte layout every record written so far has, or None (see `RecordLayout`).
+        self.layout: RecordLayout | None = None
 
     def final_features(self) -> list:
         out = []
@@ -605,13 +609,17 @@ class _RecordEncoder:
             self.names = list(self.features)
             if not self.names:
                 raise DataError(f"{location} has no features.")
+            self.layout = RecordLayout.of(list(self.features.values()))
         elif len(record) != len(self.features) or any(str(k) not in self.features for k in record):
             raise _RecordMismatch(f"has features {sorted(map(str, record))}, the first record had {sorted(self.names)}")
         feature = {}
         for key, value in record.items():
             f = self.features[str(key)]
             feature[f.name] = self._encode_value(f, value)
-        return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+        serialized = tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+        if self.layout is not None and not self.layout.fits(serialized, self.features.values()):
+            self.layout = None  # one record off the layout (an integer of 128 or more): all are parsed
+        return serialized
 
     def _infer(self, name, value, location) -> FeatureSchema:
         if isinstance(value, EncodedImage):
