@@ -253,3 +253,21 @@ def test_features_whose_width_varies_have_no_layout():
     assert RecordLayout.of([*fixed, FeatureSchema("text", "string", (), "bytes")]) is None
     assert RecordLayout.of([*fixed, FeatureSchema("photo", "uint8", (None, None, 3), "png")]) is None
     assert RecordLayout.of([FeatureSchema("empty", "float32", (0,), "raw")]) is None
+
+
+def test_a_layout_whose_values_were_swapped_by_hand_is_not_used(tmp_path):
+    """Two values of one width swapped in schema.json still tile the record: the layout is checked against
+    the feature names before each value, so each feature is not read from the other's bytes."""
+    a, b = np.arange(N, dtype=np.float32), -np.arange(N, dtype=np.float32)
+    kd.write_tfrecords({"a": a, "b": b, "y": np.ones(N, np.int64)}, tmp_path / "ds", shards=1, shuffle=False)
+    path = tmp_path / "ds" / "schema.json"
+    assert Schema.load(str(path)).layout is not None
+    entries = json.loads(path.read_text())
+    values = entries["layout"]["values"]
+    (i, first), (j, second) = [(k, v) for k, v in enumerate(values) if v[0] in ("a", "b")]
+    values[i], values[j] = [first[0], second[1], first[2]], [second[0], first[1], second[2]]
+    path.write_text(json.dumps(entries))
+    assert Schema.load(str(path)).layout is None
+    got = read_all(tmp_path / "ds")
+    np.testing.assert_array_equal(got["a"], a)
+    np.testing.assert_array_equal(got["b"], b)

@@ -114,7 +114,13 @@ class RecordLayout:
             if start != at:
                 return False
             at += width
-        return at == self.length
+        if at != self.length:
+            return False
+        # Each value must follow its own feature's name and list type: two values of one width swapped in
+        # an edited schema.json would tile the record as well, and read each other's bytes.
+        before = {start + len(run): run for start, run in self.fixed}
+        kinds = {f.name: f.encoding for f in features}
+        return all(_leads_to(before.get(v.start, b""), v.name, kinds[v.name]) for v in self.values)
 
     def to_json(self) -> dict:
         return {"bytes": self.length, "fixed": [[start, run.hex()] for start, run in self.fixed],
@@ -193,6 +199,33 @@ class RecordLayout:
                 f"edited after writing. kerasfast.data.check_tfrecords names what is wrong with it; write the "
                 f"data again, or remove the layout entry from schema.json to parse each record as a "
                 f"tf.train.Example.")
+
+
+# The tag of each encoding's list in a `tf.train.Feature`: bytes_list, float_list, int64_list.
+_LIST_TAGS = {"raw": 0x0A, "float": 0x12, "int64": 0x1A}
+
+
+def _leads_to(run: bytes, name: str, encoding: str) -> bool:
+    """Whether the fixed bytes `run` before a value hold its `Features` map entry's header: the key
+    `name`, then a `Feature` holding the encoding's list."""
+    key = name.encode("utf-8")
+    header = b"\x0a" + _varint(len(key)) + key + b"\x12"  # the key field, then the value (Feature) field
+    at = run.find(header)
+    if at < 0:
+        return False
+    at += len(header)
+    while at < len(run) and run[at] & 0x80:  # the Feature's length, a varint
+        at += 1
+    return at + 1 < len(run) and run[at + 1] == _LIST_TAGS[encoding]
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((value & 0x7F) | (0x80 if value > 0x7F else 0))
+        value >>= 7
+        if not value:
+            return bytes(out)
 
 
 def _value(rows, value: _Value, feature):
