@@ -271,3 +271,9 @@ def test_a_layout_whose_values_were_swapped_by_hand_is_not_used(tmp_path):
     got = read_all(tmp_path / "ds")
     np.testing.assert_array_equal(got["a"], a)
     np.testing.assert_array_equal(got["b"], b)
+
+
+def test_an_empty_batch_decodes_to_empty_tensors(tmp_path):
+    folder, _, _ = small_dataset(tmp_path)
+    decoded = Schema.load(str(folder / "schema.json")).make_batch_decoder()(tf.constant([], tf.string))
+    assert decoded["x"].shape == (0, 4) and decoded["y"].shape == (0,)

@@ -156,7 +156,8 @@ class RecordLayout:
             features: the `FeatureSchema`s the layout places.
             explain: `(serialized, position, text) -> message` of the batch's first record that does not
                 fit, a scalar string tensor; `text` says what a misfit is and the ways out, to follow the
-                record's name (the reader names its file and index). By default the message names the
+                record's name (the reader names its file and index). It runs for every batch, the
+                position past the batch's end when all records fit. By default the message names the
                 record's position in the batch.
 
         The decode fails, with that message, on a batch holding any record that does not fit.
@@ -178,7 +179,8 @@ class RecordLayout:
             rows = tf.io.decode_raw(serialized, tf.uint8, fixed_length=self.length)
             kept = tf.bitwise.bitwise_and(tf.gather(rows, columns, axis=1), masks) == expected
             fits = tf.reduce_all(kept, axis=1) & (tf.strings.length(serialized) == self.length)
-            first_misfit = tf.argmin(tf.cast(fits, tf.int32))
+            # The batch size when every record fits (and for an empty batch): no record is explained then.
+            first_misfit = tf.argmin(tf.concat([tf.cast(fits, tf.int32), [0]], axis=0))
             message = explain(serialized, first_misfit, self.misfit_text())
             check = tf.debugging.Assert(tf.reduce_all(fits), [message], summarize=1)
             with tf.control_dependencies([check]):

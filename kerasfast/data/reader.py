@@ -848,14 +848,16 @@ def _misfit_message(file_names, ids, serialized, position, misfit_text, elements
 
     The record is parsed alone on the way: one missing a feature or holding another type fails there with
     TensorFlow's own error, which names the record and the feature. (Every batch pays for parsing one
-    record, its first; a branch taken only for misfits would cost more: see `RecordLayout`.)
+    record, a stand-in when all fit; a branch taken only for misfits would cost more: see `RecordLayout`.)
     """
     import tensorflow as tf
 
-    record = serialized[position]
-    short = _short_file_text(record, ids[position])
-    name = _record_names(file_names, ids[position:position + 1])
-    alone = tf.where(short != "", elements.stand_in, record)[tf.newaxis]
+    # `position` is past the batch's end when every record fits: nothing to explain, a valid record parsed.
+    inside = position < tf.size(serialized, out_type=position.dtype)
+    record = tf.strings.reduce_join(serialized[position:position + 1])
+    short = _short_file_text(record, tf.reduce_sum(ids[position:position + 1]))
+    name = tf.strings.reduce_join(_record_names(file_names, ids[position:position + 1]))[tf.newaxis]
+    alone = tf.where(inside & (short == ""), record, elements.stand_in)[tf.newaxis]
     parsed = tf.nest.flatten(tf.io.parse_example(alone, elements.parse_spec, example_names=name))[0]
     # "", read from the parse: the message needs its result (a control dependency on a stateless op may be
     # pruned, and the parse with it).
