@@ -191,6 +191,10 @@ def test_files_rewritten_in_another_field_order_are_named_and_read_once_the_layo
     with pytest.raises(tf.errors.InvalidArgumentError, match=misfit_named(folder, 3) + r".*"
                        r"remove the layout entry from schema\.json"):
         read_all(folder)
+    # check_tfrecords finds the first such record, naming the layout.
+    problem = kd.locate_damage(folder)
+    assert (problem.index, problem.kind) == (3, "parse")
+    assert "parses, but does not have the byte layout" in problem.message
     entries = json.loads((folder / "schema.json").read_text())
     del entries["layout"]
     (folder / "schema.json").write_text(json.dumps(entries))

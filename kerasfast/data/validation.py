@@ -456,6 +456,13 @@ def _decode_problem(decoder, schema, path, index, offset, payload):
         return RecordProblem(path, index, offset, "parse",
                              f"does not match the schema ({detail}); the file was written with other features: "
                              f"re-write it, or pass features= that describe it.")
+    layout = schema.layout
+    if layout is not None and not layout.fits(payload, schema.features):
+        return RecordProblem(path, index, offset, "parse",
+                             f"parses, but does not have the byte layout that schema.json records for these files "
+                             f"(every record {layout.length} bytes, the features at fixed places), as another "
+                             f"program re-writing the file may order the features: write the data again, or "
+                             f"remove the layout entry from schema.json to parse each record.")
     images = [f for f in schema.features if getattr(f, "is_image", False)]
     for f in images:
         try:
