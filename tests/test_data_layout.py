@@ -275,3 +275,21 @@ def test_an_empty_batch_decodes_to_empty_tensors(tmp_path):
     folder, _, _ = small_dataset(tmp_path)
     decoded = Schema.load(str(folder / "schema.json")).make_batch_decoder()(tf.constant([], tf.string))
     assert decoded["x"].shape == (0, 4) and decoded["y"].shape == (0,)
+
+
+def test_kerasfast_fit_names_a_record_that_left_the_layout(tmp_path):
+    import keras
+
+    import kerasfast
+
+    folder, _, _ = small_dataset(tmp_path)
+    records = records_of(folder)
+    ds = kd.tfrecord_dataset(folder, batch_size=8)  # checked now: the files are whole
+    with tf.io.TFRecordWriter(str(next(folder.glob("*.tfrecord")))) as writer:
+        for i, record in enumerate(records):
+            writer.write(features_reversed(record) if i == 17 else record)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(7, activation="softmax")])
+    model.compile("sgd", "sparse_categorical_crossentropy")
+    with pytest.raises(DataError, match=r"data-00000-of-00001\.tfrecord, record 17 .*parses, but does not have "
+                                        r"the byte layout"):
+        kerasfast.fit(model, ds, epochs=1, run_dir=False, verbose=0, tune="off")
