@@ -315,8 +315,8 @@ class Schema:
             names: the records' names in TensorFlow's parse errors, or a
                 function making them (called only where records are parsed).
             guard: a function run on the batch before it is parsed.
-            explain: `(serialized, position) -> message` for a record that
-                does not fit the layout (see `RecordLayout.decoder`).
+            explain: `(serialized, position, text) -> message` for a record
+                that does not fit the layout (see `RecordLayout.decoder`).
         """
         if self.layout is not None:
             cut = self.layout.decoder
