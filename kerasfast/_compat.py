@@ -368,6 +368,14 @@ def set_remat(layer, mode) -> None:
     layer._remat_mode = mode
 
 
+def tensorflow_nn_module():
+    """Keras's TensorFlow `nn` module: `keras.ops.dot_product_attention` looks its
+    `dot_product_attention` up there on every call."""
+    from keras.src.backend.tensorflow import nn
+
+    return nn
+
+
 # --- Keras: data ---------------------------------------------------------------------------------------
 
 

@@ -24,6 +24,10 @@ from kerasfast.hardware import Hardware
 ONEDNN_BFLOAT16 = "onednn_bfloat16"
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16", ONEDNN_BFLOAT16)
 MIXED_POLICIES = ("mixed_float16", "mixed_bfloat16")
+# How a train step computes causal self-attention: in query blocks that skip the masked half
+# (`kerasfast.training.attention`), or with Keras's own op.
+ATTENTION_BLOCKS = "causal_blocks"
+ATTENTION_KERAS = "keras"
 # How a layer's own code keeps to a mixed policy's compute dtype.
 MIXED_DTYPE_FIX = ("cast what you create to the input's dtype (keras.ops.cast(c, x.dtype), or self.compute_dtype) "
                    "or compute it with keras.ops from the input")
@@ -78,7 +82,7 @@ WARMUP_FRACTION = 0.05
 FIELD_ORDER = (
     "strategy", "num_replicas", "train_step", "precision", "jit_compile", "steps_per_execution", "steps_per_epoch",
     "global_batch_size", "per_replica_batch_size", "grad_accum_steps",
-    "effective_batch_size", "clipnorm", "remat", "optimizer", "learning_rate",
+    "effective_batch_size", "clipnorm", "remat", "attention", "optimizer", "learning_rate",
     "lr_schedule", "warmup_steps", "total_steps", "prune", "intra_op_threads",
     "inter_op_threads", "onednn",
 )
@@ -146,6 +150,10 @@ class Plan:
         effective_batch_size: Samples per optimizer update.
         clipnorm: Global gradient-norm clipping threshold, or None.
         remat: Rematerialisation mode ("activations") or None.
+        attention: How the train step computes causal self-attention:
+            "causal_blocks" (query blocks that skip the masked half,
+            `kerasfast.training.attention`) or "keras" (Keras's own op);
+            `resolve_attention`.
         optimizer: Name of the optimizer class used.
         learning_rate: Peak learning rate when kerasfast sets it, else None.
         lr_schedule: "warmup_cosine", "warmup_hold_cosine", "one_cycle",
@@ -197,6 +205,7 @@ class Plan:
     tuning: tuple = ()
     tuning_seconds: float | None = None
     onednn: bool | None = None
+    attention: str = ATTENTION_KERAS
 
     def with_choice(self, name: str, value: Any, reason: str | None, *, yours: bool = False) -> "Plan":
         """The plan with `name` set to `value` because of `reason`: the one
@@ -385,6 +394,8 @@ class RunFacts:
             `kerasfast.costs.PeakFlops`).
         onednn: `(on, reason)`: whether TensorFlow loaded with its oneDNN
             CPU kernels, and why (`kerasfast.onednn.onednn_state()`).
+        flash_attention: `keras.config.is_flash_attention_enabled()`: None
+            (Keras's default), or the user's True / False.
     """
 
     epochs: int = 1
@@ -396,6 +407,7 @@ class RunFacts:
     learning_rate_callbacks: tuple[str, ...] = ()
     peak_flops: Any = None
     onednn: tuple[bool | None, str] = (None, "not known")
+    flash_attention: bool | None = None
 
     def peak_flops_in(self, precision: str) -> float | None:
         """The peak FLOP/s in `precision`'s compute dtype, if known."""
@@ -989,6 +1001,7 @@ def resolve_plan(
     threads, thread_reasons = resolve_threads(overrides.intra_op_threads, overrides.inter_op_threads, hardware, run)
     reasons.update(thread_reasons)
     reasons["onednn"] = run.onednn[1]
+    attention, reasons["attention"] = resolve_attention(computation.jit_compile, hardware, run)
     plan = Plan(
         strategy=strategy_name, num_replicas=num_replicas, precision=computation.precision,
         jit_compile=computation.jit_compile, steps_per_execution=computation.steps_per_execution,
@@ -998,7 +1011,7 @@ def resolve_plan(
         optimizer=rate.optimizer, learning_rate=rate.peak, lr_schedule=rate.schedule, warmup_steps=rate.warmup_steps,
         total_steps=total_steps, intra_op_threads=threads["intra_op_threads"],
         inter_op_threads=threads["inter_op_threads"], reasons=reasons, overridden=tuple(dict.fromkeys(overridden)),
-        train_step=computation.train_step, onednn=run.onednn[0],
+        train_step=computation.train_step, onednn=run.onednn[0], attention=attention,
     )
     return _marked_as_found(plan, found, from_backup, rate_was_asked=asked.learning_rate is not None or asked.scale_lr)
 
@@ -1348,6 +1361,32 @@ def _resolve_warmup(warmup_steps, schedule: str, total_steps: int | None) -> tup
     return None, "n/a" if schedule != "one_cycle" else "one-cycle warms up over its first 30%"
 
 
+def resolve_attention(jit_compile: bool, hardware: Hardware, run: RunFacts) -> tuple[str, str]:
+    """How the train step computes causal self-attention, and why: `ATTENTION_BLOCKS`
+    (`kerasfast.training.attention`) or `ATTENTION_KERAS`.
+
+    The query blocks pay off in an XLA-compiled step only (without XLA each
+    block's ops run one by one and cost more than the masked half they
+    skip), and are measured on CPUs only. `keras.config.disable_flash_attention()`,
+    Keras's switch for its attention fast paths, keeps Keras's op.
+
+    Example:
+
+    >>> from kerasfast.hardware import Hardware
+    >>> resolve_attention(False, Hardware(), RunFacts())[0]
+    'keras'
+    """
+    if run.flash_attention is False:
+        return ATTENTION_KERAS, "Keras's op: keras.config.disable_flash_attention() was called"
+    if not jit_compile:
+        return ATTENTION_KERAS, "Keras's op: without XLA, query blocks cost more than the masked half they skip"
+    if hardware.accelerator != "cpu":
+        return ATTENTION_KERAS, f"Keras's op: query blocks are measured on CPUs only, not on this {hardware.accelerator}"
+    return ATTENTION_BLOCKS, ("causal self-attention of 128 tokens or more in query blocks that skip the masked "
+                              "half (GPT recipe's attention 1.3x, its train step 1.1x); other attention as Keras "
+                              "runs it")
+
+
 def _candidate(plan: Plan, **choices) -> Plan:
     for name, value in choices.items():
         if value != getattr(plan, name):
@@ -1407,8 +1446,8 @@ def candidate_plans(plan: Plan, hardware: Hardware, model: ModelFacts, run: RunF
             for count in counts:
                 if (precision, jit, count) == (plan.precision, plan.jit_compile, plan.steps_per_execution):
                     continue
-                candidates.append(_candidate(plan, precision=precision, jit_compile=jit,
-                                             steps_per_execution=count))
+                candidate = _candidate(plan, precision=precision, jit_compile=jit, steps_per_execution=count)
+                candidates.append(candidate.with_choice("attention", *resolve_attention(jit, hardware, run)))
     # Single changes first, precisions before XLA before step counts: a
     # budget that runs out has then tried the likeliest wins before any
     # combination.

@@ -58,6 +58,7 @@ def start(run: Run) -> None:
         user_batch_callbacks=per_batch_callbacks(args.callbacks),
         learning_rate_callbacks=learning_rate_callbacks(args.callbacks),
         peak_flops=costs.PeakFlops(shared=_shared(run)), onednn=onednn_state(),
+        flash_attention=keras.config.is_flash_attention_enabled(),
     )
 
 

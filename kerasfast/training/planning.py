@@ -13,7 +13,7 @@ import keras
 from kerasfast.distribute.consensus import check_same_plan
 from kerasfast.distribute.strategy import scope_of
 from kerasfast.errors import PlanError
-from kerasfast.plan import COMPUTATION_FIELDS, RUN_LENGTH_SCHEDULES, Plan, resolve_plan
+from kerasfast.plan import COMPUTATION_FIELDS, RUN_LENGTH_SCHEDULES, Plan, resolve_attention, resolve_plan
 from kerasfast.training import model_setup
 from kerasfast.training.run import Run
 from kerasfast.training.xla import xla_problem
@@ -86,6 +86,7 @@ def check(run: Run, plan: Plan) -> Plan:
     if plan.jit_compile and plan.train_step == "kerasfast":
         with scope_of(run.strategy):
             plan = checked_jit(plan, run.train_model, run.train_data.sample_inputs)
+    plan = plan.with_choice("attention", *resolve_attention(plan.jit_compile, run.hardware, run.run_facts))
     if run.progress is not None:
         _check_resumable(run, plan)
     check_same_plan(run.distribution, plan)

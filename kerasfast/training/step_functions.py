@@ -15,7 +15,8 @@ construction:
   applied by a separate `strategy.run`, so the cross-replica all-reduce
   never sits inside a conditional;
 - only the forward and backward pass is compiled with XLA, never the
-  collective, which XLA cannot run on CPUs.
+  collective, which XLA cannot run on CPUs; there causal self-attention
+  runs in query blocks that skip its masked half (`kerasfast.training.attention`).
 
 Each micro-step also times how long it waits for its batch: two
 `tf.timestamp` ops around `next(iterator)`, chained by control
@@ -46,7 +47,8 @@ from __future__ import annotations
 import keras
 
 from kerasfast import _compat
-from kerasfast.plan import ONEDNN_BFLOAT16
+from kerasfast.plan import ATTENTION_BLOCKS, ATTENTION_KERAS, ONEDNN_BFLOAT16
+from kerasfast.training.attention import with_causal_blocks
 from kerasfast.training.precision import graph_precision
 
 
@@ -138,13 +140,16 @@ class StepFunctions:
             `train_step` / `test_step` instead of kerasfast's.
         clipnorm: The plan's global gradient-norm clipping threshold, or
             None: with several replicas, applied to the summed gradient.
+        attention: The plan's `attention`: "causal_blocks" traces the
+            XLA-compiled pass with causal self-attention in query blocks.
     """
 
     def __init__(self, model, strategy, *, steps_per_execution: int, grad_accum_steps: int, jit_compile: bool,
                  micro_steps_done: int = 0, steps_per_epoch: int | None = None, optimizer=None,
                  own_train_step: bool = False, own_test_step: bool = False, precision: str = "float32",
-                 remat: str | None = None, clipnorm: float | None = None):
+                 remat: str | None = None, clipnorm: float | None = None, attention: str = ATTENTION_KERAS):
         self.model = model
+        self.attention = attention
         self.clipnorm = clipnorm
         self._precision = (precision, remat)
         self.strategy = strategy
@@ -201,6 +206,8 @@ class StepFunctions:
 
         compute = self.model.train_step if self.own_train_step else self._forward_backward
         if self.jit_compile:
+            if self.attention == ATTENTION_BLOCKS:
+                compute = with_causal_blocks(compute)
             compute = tf.function(compute, jit_compile=True, reduce_retracing=True, autograph=self.own_train_step)
         return compute
 
@@ -561,7 +568,8 @@ class StepFunctions:
                         grad_accum_steps=plan.grad_accum_steps, jit_compile=plan.jit_compile,
                         micro_steps_done=micro_steps_done, steps_per_epoch=plan.steps_per_epoch, optimizer=optimizer,
                         own_train_step=plan.train_step == "yours", own_test_step=own_test_step,
-                        precision=plan.precision, remat=plan.remat, clipnorm=plan.clipnorm)
+                        precision=plan.precision, remat=plan.remat, clipnorm=plan.clipnorm,
+                        attention=plan.attention)
         steps.install()
         return steps
 
