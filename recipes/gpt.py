@@ -168,7 +168,9 @@ class CausalSelfAttention(keras.layers.Layer):
     The attention itself is `keras.ops.dot_product_attention(is_causal=True)`:
     one op that each backend runs its own best way (cuDNN's fused attention
     under JAX or PyTorch on a GPU; under TensorFlow, which has no fused
-    kernel, an einsum, the mask and a float32 softmax that XLA fuses). Queries,
+    kernel, an einsum, the mask and a float32 softmax that XLA fuses, or in
+    `kerasfast.fit`'s XLA-compiled steps on a CPU query blocks that skip
+    the masked half). Queries,
     keys and values stay in (batch, length, heads, head_dim), the layout it
     takes, so no transposes are traced.
     """

@@ -79,6 +79,7 @@ def test_only_calls_computed_as_keras_does_take_blocks():
     assert not attention.takes_blocks(q, cross[1], cross[2], is_causal=True)  # keys longer than queries
     grouped_k, grouped_v = (t[:, :, :1] for t in (k, v))
     assert not attention.takes_blocks(q, grouped_k, grouped_v, is_causal=True)  # grouped-query heads
+    assert not attention.takes_blocks(tf.cast(q, tf.float16), k, v, is_causal=True)  # Keras promotes mixed dtypes
     narrow_v = v[..., :4]  # values of a width of their own: computed as Keras does
     assert attention.takes_blocks(q, k, narrow_v, is_causal=True)
     np.testing.assert_allclose(attention.causal_attention(q, k, narrow_v).numpy(),

@@ -36,7 +36,8 @@ MAX_BLOCKS = 8
 MIN_BLOCKS = 2
 
 _lock = threading.Lock()
-_active = 0
+_active = 0  # blocks entered and not yet left
+_keras_op = None  # Keras's own function, put back when the last block is left
 
 
 def query_block(length: int) -> int:
@@ -80,8 +81,7 @@ def causal_attention(query, key, value, scale=None, block: int | None = None):
     scale = tf.cast(scale, logits_dtype)
     length = query.shape[1]
     block = block or query_block(length)
-    # Keras masks with -0.7 times the dtype's largest value: the same here, so the results match
-    # bit for bit where no row is fully masked (none is: a query always sees itself).
+    # Keras masks with -0.7 times the dtype's largest value: the same here (a masked score's weight is 0 in both).
     masked = tf.constant(-0.7 * logits_dtype.max, logits_dtype)
     # Heads first, once: each block's matmuls then slice along the length without a transpose of their own.
     query, key, value = (tf.transpose(t, (0, 2, 1, 3)) for t in (query, key, value))
@@ -106,10 +106,9 @@ def takes_blocks(query, key, value, bias=None, mask=None, is_causal=False, flash
     if any(shape is None or len(shape) != 4 for shape in shapes):
         return False
     (_, length, heads, depth), key_shape, value_shape = shapes
-    if length is None or heads is None or depth is None:
-        return False
-    # Self-attention's shapes only: grouped-query heads, cross-attention lengths and a value width of its own go
-    # to Keras's op.
+    if length is None or heads is None or depth is None or not query.dtype == key.dtype == value.dtype:
+        return False  # Keras would promote mixed dtypes to a common one
+    # Self-attention's shapes only: grouped-query heads and cross-attention lengths go to Keras's op.
     return (tuple(key_shape[1:]) == (length, heads, depth) and tuple(value_shape[1:3]) == (length, heads)
             and length >= MIN_BLOCKS * MIN_QUERY_BLOCK)
 
@@ -131,13 +130,13 @@ def substituting_attention():
     >>> bool(np.allclose(blocked, keras.ops.dot_product_attention(q, q, q, is_causal=True), atol=1e-5))
     True
     """
-    global _active
+    global _active, _keras_op
     from kerasfast import _compat
 
     module = _compat.tensorflow_nn_module()
     with _lock:
         if _active == 0:
-            keras_op = module.dot_product_attention
+            _keras_op = keras_op = module.dot_product_attention
 
             def dot_product_attention(query, key, value, bias=None, mask=None, scale=None, is_causal=False,
                                       flash_attention=None, attn_logits_soft_cap=None):
@@ -146,7 +145,6 @@ def substituting_attention():
                 return keras_op(query, key, value, bias=bias, mask=mask, scale=scale, is_causal=is_causal,
                                 flash_attention=flash_attention, attn_logits_soft_cap=attn_logits_soft_cap)
 
-            dot_product_attention.keras_op = keras_op
             module.dot_product_attention = dot_product_attention
         _active += 1
     try:
@@ -155,7 +153,7 @@ def substituting_attention():
         with _lock:
             _active -= 1
             if _active == 0:
-                module.dot_product_attention = module.dot_product_attention.keras_op
+                module.dot_product_attention, _keras_op = _keras_op, None
 
 
 def with_causal_blocks(function):
