@@ -3,7 +3,8 @@
 # GPU machine, for the convnet and GPT recipe models under mixed_bfloat16
 # and mixed_float16, XLA on and off; then benchmarks/tune.py's comparison
 # (plain Keras, the rules, every grid candidate, tune="auto") on the GPU, and
-# benchmarks/transformer.py (the GPT recipe's model against PyTorch).
+# benchmarks/transformer.py (the GPT recipe's model against PyTorch) and
+# benchmarks/attention.py (causal attention in query blocks against Keras's op).
 # Finishes in about 10-15 minutes on one modern GPU; prints Markdown tables to
 # paste into docs/benchmarks.md.
 #
@@ -50,3 +51,5 @@ timeout 300 python benchmarks/tune.py --quick --seconds 10 --only "CNN"
 timeout 240 python benchmarks/tune.py --quick --seconds 10 --only "GPT"
 # The GPT recipe's model against PyTorch (eager and torch.compile, when torch is installed: the benchmark extra).
 timeout 300 python benchmarks/transformer.py --rounds 1
+# Causal attention in query blocks against Keras's op (the plan keeps Keras's op on GPUs until this is measured).
+timeout 240 python benchmarks/attention.py --rounds 3

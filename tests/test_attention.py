@@ -191,3 +191,21 @@ def test_tuning_candidates_follow_their_own_xla_choice():
     assert plan.attention == "causal_blocks"
     candidates = candidate_plans(plan, cpu, ModelFacts(), RunFacts(), user_set=())
     assert {(c.jit_compile, c.attention) for c in candidates} == {(True, "causal_blocks"), (False, "keras")}
+
+
+@pytest.mark.slow
+def test_benchmark_prints_each_candidate_against_keras_op(capsys):
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import attention as benchmark
+
+    benchmark.main(["--rounds", "1", "--lengths", "128"])
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines()[2:]]
+    cases = [(row[0].lstrip("| "), row[1]) for row in rows]
+    assert cases == [("one attention, 128 tokens, XLA", "Keras's op"), ("one attention, 128 tokens, XLA", "blocks of 32"),
+                     ("one attention, 128 tokens, XLA", "blocks of 64 (kerasfast's)"),
+                     ("one attention, 128 tokens, no XLA", "Keras's op"), ("one attention, 128 tokens, no XLA", "blocks of 64"),
+                     ("GPT recipe train step, XLA", "Keras's op"), ("GPT recipe train step, XLA", "kerasfast (blocks of 64)")]
+    for row in rows:
+        assert float(row[2]) > 0 and row[4].endswith("x")
