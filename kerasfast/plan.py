@@ -847,6 +847,7 @@ class Computation:
     remat: str | None
     clipnorm: float | None
     reasons: dict
+    attention: str = ATTENTION_KERAS
 
 
 def resolve_computation(hardware: Hardware, *, model: ModelFacts, data: DataFacts, run: RunFacts,
@@ -899,8 +900,9 @@ def resolve_computation(hardware: Hardware, *, model: ModelFacts, data: DataFact
         if "steps_per_execution" in overridden and overrides.steps_per_execution == "auto":
             reasons["steps_per_execution"] = f"your compile(steps_per_execution={spe})"
     clipnorm, reasons["clipnorm"] = _resolve_clipnorm(overrides.clipnorm)
+    attention, reasons["attention"] = resolve_attention(chosen_jit, hardware, run)
     return Computation(train_step, precision, chosen_jit, spe, steps_per_epoch, global_batch, per_replica,
-                       num_replicas, grad_accum_steps, remat, clipnorm, reasons)
+                       num_replicas, grad_accum_steps, remat, clipnorm, reasons, attention)
 
 
 def check_overrides(hardware: Hardware, overrides: Overrides) -> None:
@@ -1001,7 +1003,6 @@ def resolve_plan(
     threads, thread_reasons = resolve_threads(overrides.intra_op_threads, overrides.inter_op_threads, hardware, run)
     reasons.update(thread_reasons)
     reasons["onednn"] = run.onednn[1]
-    attention, reasons["attention"] = resolve_attention(computation.jit_compile, hardware, run)
     plan = Plan(
         strategy=strategy_name, num_replicas=num_replicas, precision=computation.precision,
         jit_compile=computation.jit_compile, steps_per_execution=computation.steps_per_execution,
@@ -1011,7 +1012,7 @@ def resolve_plan(
         optimizer=rate.optimizer, learning_rate=rate.peak, lr_schedule=rate.schedule, warmup_steps=rate.warmup_steps,
         total_steps=total_steps, intra_op_threads=threads["intra_op_threads"],
         inter_op_threads=threads["inter_op_threads"], reasons=reasons, overridden=tuple(dict.fromkeys(overridden)),
-        train_step=computation.train_step, onednn=run.onednn[0], attention=attention,
+        train_step=computation.train_step, onednn=run.onednn[0], attention=computation.attention,
     )
     return _marked_as_found(plan, found, from_backup, rate_was_asked=asked.learning_rate is not None or asked.scale_lr)
 
