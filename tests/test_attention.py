@@ -3,7 +3,6 @@ values and gradients as Keras's op, taken only where it computes as Keras
 does, in place only while kerasfast traces an XLA-compiled train step, and
 named by the plan."""
 
-import importlib.util
 import os
 import pathlib
 
@@ -14,6 +13,7 @@ import tensorflow as tf
 
 import kerasfast
 from kerasfast import _compat
+from kerasfast.recipes import load_recipe
 from kerasfast.training import attention
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -140,15 +140,8 @@ def test_the_plan_names_blocks_only_where_they_were_measured_to_pay():
     assert value == ATTENTION_KERAS and "disable_flash_attention" in reason
 
 
-def _gpt():
-    spec = importlib.util.spec_from_file_location("recipe_gpt_attention", ROOT / "recipes" / "gpt.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _fit_gpt(x, **options):
-    gpt = _gpt()
+    gpt = load_recipe("gpt")
 
     def model():
         keras.utils.set_random_seed(0)
