@@ -599,3 +599,65 @@ def test_keras_callbacks_keep_what_they_counted_across_a_resume(digits, tmp_path
     assert resumed.history.epoch == whole.history.epoch
     assert resumed.history.history == whole.history.history
     _assert_same_weights(whole, resumed)
+
+
+_HOLDER = """
+import sys
+from kerasfast.training.backup import Backup
+with Backup(sys.argv[1]).held():
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_a_backup_folder_in_use_by_another_process_is_refused_naming_it_until_that_run_ends(digits, tmp_path):
+    (x, y), _ = digits
+    run_dir = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(run_dir / "backup")], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=ENV)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(PlanError, match="is in use by another run") as refused:
+            kerasfast.fit(_model(), (x.reshape(len(x), 64), y), **{**_OPTIONS, "run_dir": run_dir})
+        assert f"process {holder.pid} on " in str(refused.value)
+        assert "pass another run_dir=" in str(refused.value)
+        assert sorted(path.name for path in run_dir.rglob("*")) == [".lock", "backup"]  # the holder's, untouched
+    finally:
+        holder.communicate("", timeout=60)
+    assert holder.returncode == 0
+    assert not run_dir.exists()  # the holder made the folders for its lock and removed them as it let go
+    result = kerasfast.fit(_model(), (x.reshape(len(x), 64), y), **{**_OPTIONS, "run_dir": run_dir})
+    assert len(result.history.history["loss"]) == 2
+    assert not (run_dir / "backup").exists()
+
+
+def test_a_killed_holder_leaves_the_backup_folder_free(tmp_path):
+    folder = tmp_path / "backup"
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(folder)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=ENV)
+    assert holder.stdout.readline() == "held\n"
+    holder.kill()  # as kill -9: no clean-up ran, the lock file stays
+    holder.wait(timeout=60)
+    assert (folder / ".lock").is_file()
+    with Backup(folder).held():
+        assert str(os.getpid()) in (folder / ".lock").read_text()
+    assert not folder.exists()
+
+
+def test_one_process_holds_a_backup_folder_once_and_lets_go_of_it_whatever_ends_the_call(digits, tmp_path):
+    folder = tmp_path / "run" / "backup"
+    with Backup(folder).held():
+        with pytest.raises(PlanError, match="is in use by another run"):
+            with Backup(folder).held():
+                pass
+        (folder / "state.npz").write_bytes(b"")  # a backup beside the lock keeps the folder
+    assert sorted(path.name for path in folder.iterdir()) == ["state.npz"]
+    (folder / "state.npz").unlink()
+    (x, y), _ = digits
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        kerasfast.fit(_model(), (x.reshape(len(x), 64), y), callbacks=[_Crash()],
+                      **{**_OPTIONS, "run_dir": tmp_path / "run"})
+    assert not (folder / ".lock").exists()
+    with Backup(folder).held():  # free again in this process after a call that raised
+        pass
+    assert (folder / "state.npz").is_file()  # the crashed run's backup, kept for its resume

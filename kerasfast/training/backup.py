@@ -11,15 +11,25 @@ A re-run of the same command finds the file, restores the variables and
 skips exactly the batches already trained on: the data stream of a run is
 one deterministic sequence over all epochs (fixed shuffle seed), so the
 resumed run sees the same batches in the same order as an uninterrupted one.
+
+One run at a time uses a backup folder: the chief holds an exclusive lock on
+`backup_dir/.lock` from before it reads the backup until `fit` returns, and
+a second run started on the same folder (the same command in two terminals,
+a scheduler starting a job twice) is refused naming the process that holds
+it, instead of both resuming from one state and overwriting each other's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
+import errno
+import itertools
 import json
 import os
 import pathlib
+import socket
 import zipfile
 
 import keras
@@ -31,6 +41,7 @@ from kerasfast.errors import PlanError
 from kerasfast.training.optimizers import own_optimizers, unwrap
 
 STATE_FILE = "state.npz"
+LOCK_FILE = ".lock"
 DEFAULT_EVERY_STEPS = 100
 # What Keras's own callbacks count across epochs (their on_train_begin starts it again): backed up with the
 # run, so that a resumed run stops early, lowers its rate and keeps its best checkpoint as an uninterrupted one.
@@ -200,6 +211,77 @@ class Backup:
             raise PlanError(f"cannot make or write the backup folder {self.directory}: {existing} is not a folder "
                             "this process can write. Pass a backup_dir= you can write, or backup_dir=False for no "
                             "backup.")
+
+    @contextlib.contextmanager
+    def held(self):
+        """Holds the folder for this run (chief only) until the block ends; the folders made for the lock are
+        removed again when nothing else is left in them.
+
+        An advisory `flock` on `LOCK_FILE`, which the system releases when
+        the process dies, so a killed run never leaves the folder locked;
+        the file names its holder for the refusal. Where the file system
+        cannot lock (some network mounts), the run goes on without it.
+
+        Raises:
+            PlanError: When another process (or another call in this one)
+                holds the folder, naming it and what to do.
+        """
+        if not self.is_chief:
+            yield self
+            return
+        lock_path = self.directory / LOCK_FILE
+        made = list(itertools.takewhile(lambda path: not path.exists(), (self.directory, *self.directory.parents)))
+        handle = self._locked(lock_path)
+        try:
+            if handle is not None:
+                handle.seek(0)
+                handle.truncate()
+                started = datetime.datetime.now().isoformat(timespec="seconds")
+                handle.write(f"process {os.getpid()} on {socket.gethostname()}, since {started}")
+                handle.flush()
+            yield self
+        finally:
+            # Removed while still locked: a run that opens it after this makes a new file and locks that one.
+            lock_path.unlink(missing_ok=True)
+            if handle is not None:
+                handle.close()
+            with contextlib.suppress(OSError):
+                self.directory.rmdir()  # only if nothing else lives there
+                for folder in made[1:]:
+                    folder.rmdir()
+
+    def _locked(self, lock_path: pathlib.Path):
+        """The lock file, open and locked; None on a file system without locks."""
+        import fcntl
+
+        while True:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            try:
+                handle = open(lock_path, "a+", encoding="utf-8")  # noqa: SIM115 - held until `held` ends
+            except FileNotFoundError:
+                continue  # the folder's last run removed it as it let go
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                holder = handle.read().strip() or "another process"
+                handle.close()
+                raise PlanError(
+                    f"the backup folder {self.directory} is in use by another run ({holder}): two runs on one "
+                    "backup would each resume from it and overwrite each other's state. Wait for that run to end, "
+                    "or pass another run_dir= (or backup_dir=; backup_dir=False for no backup).") from None
+            except OSError as error:
+                handle.close()
+                if error.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP):
+                    return None  # a file system without locks: run unlocked rather than not at all
+                raise
+            try:
+                current = os.stat(lock_path).st_ino
+            except FileNotFoundError:
+                current = None
+            if current == os.fstat(handle.fileno()).st_ino:
+                return handle
+            handle.close()  # locked a file its holder removed as it let go: lock the one now there
 
     def progress(self) -> Progress | None:
         """The saved progress, or None when there is nothing to resume.

@@ -47,6 +47,7 @@ def start(run: Run) -> None:
     if backup_dir not in (None, False):
         run.backup = Backup(backup_dir, is_chief=run.is_chief)
         run.backup.check_writable()
+        run.held.enter_context(run.backup.held())  # before it is read: one run at a time resumes from it
         if args.resume != "fresh":  # a fresh run's old backup is removed when it starts training (trainer.train)
             run.progress = run.backup.progress()
     run.seed = _seed(run)

@@ -272,7 +272,7 @@ def fit(
         tune = "off"
     given = dict(locals())  # fit's arguments, by name
     run = Run(model, _arguments(model, x, data, given, options), _feed(given, x, data))
-    with lost_peer_errors(lambda: run.distribution):
+    with lost_peer_errors(lambda: run.distribution), run.held:
         facts.start(run)
         feed.prepare(run, run.args.overrides.batch_size)
         model_setup.prepare(run)

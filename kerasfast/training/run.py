@@ -19,6 +19,7 @@ later phase never redoes an earlier one:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import pathlib
 
@@ -87,6 +88,8 @@ class Run:
     model: object  # the user's model or builder, as passed
     args: Arguments
     feed: Feed
+    # What the run holds until `fit` returns, however it ends (the backup folder's lock).
+    held: contextlib.ExitStack = dataclasses.field(default_factory=contextlib.ExitStack)
     # facts
     hardware: object = None
     distribution: object = None
