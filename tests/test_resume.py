@@ -601,6 +601,27 @@ def test_keras_callbacks_keep_what_they_counted_across_a_resume(digits, tmp_path
     _assert_same_weights(whole, resumed)
 
 
+def test_an_early_stopping_resumed_after_its_best_epoch_ends_on_that_epochs_weights(digits, tmp_path):
+    # The losses fall 2.17, 1.78, 1.45, 1.16, 0.90, 0.71, 0.57, 0.48: by min_delta=1.0 the best epoch is the
+    # fourth, before the crash in the sixth; the weights it restores at the end were lost with the process
+    # (the resumed run put back the sixth epoch's, the first it saw end).
+    (x, y), _ = digits
+    options = {**_OPTIONS, "epochs": 8, "shuffle": False, "tune": "off", "optimizer": "adam", "learning_rate": 0.01,
+               "steps_per_execution": 1}
+    stoppers = []
+
+    def callbacks():
+        stoppers.append(keras.callbacks.EarlyStopping(monitor="loss", min_delta=1.0, patience=8,
+                                                      restore_best_weights=True))
+        return stoppers[-1:]
+
+    whole, resumed = _whole_and_resumed(x[:320].reshape(320, 64), y[:320], tmp_path, options, crash_epoch=5,
+                                        callbacks=callbacks)
+    assert [stopper.best_epoch for stopper in stoppers] == [3, 3, 3]
+    assert resumed.history.history == whole.history.history
+    _assert_same_weights(whole, resumed)
+
+
 _HOLDER = """
 import sys
 from kerasfast.training.backup import Backup

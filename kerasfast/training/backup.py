@@ -50,6 +50,10 @@ CALLBACK_STATE = (
     (keras.callbacks.ReduceLROnPlateau, ("wait", "cooldown_counter", "best")),
     (keras.callbacks.ModelCheckpoint, ("best",)),
 )
+# The arrays among it, kept in the state file beside the variables: the weights an EarlyStopping with
+# restore_best_weights=True puts back at the end (without them a resumed run ends on other weights).
+CALLBACK_ARRAYS = ((keras.callbacks.EarlyStopping, "best_weights"),)
+_CALLBACK_ARRAY_PREFIX = "callback"
 
 
 def callbacks_state(callbacks) -> dict:
@@ -64,6 +68,32 @@ def callbacks_state(callbacks) -> dict:
         if values:
             state[f"{position}:{type(callback).__name__}"] = values
     return state
+
+
+def callbacks_arrays(callbacks) -> dict[str, np.ndarray]:
+    """The `CALLBACK_ARRAYS` the run's callbacks hold, as `savez` entries named
+    `callback.{position}.{class}.{attribute}.{index}`."""
+    arrays = {}
+    for position, callback in enumerate(callbacks):
+        for kind, name in CALLBACK_ARRAYS:
+            values = getattr(callback, name, None) if isinstance(callback, kind) else None
+            for index, value in enumerate(values or ()):
+                arrays[f"{_CALLBACK_ARRAY_PREFIX}.{position}.{type(callback).__name__}.{name}.{index}"] = np.asarray(
+                    value)
+    return arrays
+
+
+def _callbacks_arrays_from(data) -> dict:
+    """`{"position:class": {attribute: [arrays]}}` of the `callbacks_arrays` entries in a state file."""
+    found = {}
+    for entry in sorted(data.files):
+        prefix, _, rest = entry.partition(".")
+        if prefix != _CALLBACK_ARRAY_PREFIX:
+            continue
+        position, kind, name, index = rest.split(".")
+        found.setdefault(f"{position}:{kind}", {}).setdefault(name, {})[int(index)] = data[entry]
+    return {key: {name: [values[i] for i in sorted(values)] for name, values in attributes.items()}
+            for key, attributes in found.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,16 +338,26 @@ class Backup:
                 "fresh) to start the run again (the backup is replaced), or delete the file."
             ) from error
 
-    def save(self, model, plan, progress: Progress) -> None:
-        """Writes the state atomically (chief only; other workers return)."""
+    def save(self, model, plan, progress: Progress, callback_arrays: dict | None = None) -> None:
+        """Writes the state atomically (chief only; other workers return), with the callbacks' arrays
+        (`callbacks_arrays`)."""
         # All workers read the variables (under MultiWorkerMirroredStrategy a
         # read may be a collective every worker must join); one writes.
         arrays = {f"v{i}": np.asarray(v.numpy()) for i, v in enumerate(training_variables(model))}
         if not self.is_chief:
             return
+        arrays.update(callback_arrays or {})
         self.directory.mkdir(parents=True, exist_ok=True)
         meta = np.array(json.dumps(dataclasses.asdict(progress)))
         replace_durably(self.path, lambda temporary: np.savez(temporary, meta=meta, **arrays), keep_suffix=True)
+
+    def callbacks_state(self, progress: Progress) -> dict:
+        """What the callbacks held when the state was saved: `progress.callbacks` with their arrays
+        (`callbacks_arrays`) read from the file, in `callbacks_state`'s form."""
+        with self._reading(), np.load(self.path, allow_pickle=False) as data:
+            arrays = _callbacks_arrays_from(data)
+        return {key: {**progress.callbacks.get(key, {}), **arrays.get(key, {})}
+                for key in {**progress.callbacks, **arrays}}
 
     def restore(self, model, plan, *, force: bool = False) -> tuple[Progress, list]:
         """Loads the saved variables into `model` (built, compiled).
@@ -402,7 +442,7 @@ class BackupCallback(keras.callbacks.Callback):
         self.recorded = dict(recorded or {})
         self.callbacks = list(callbacks)
         self._saved_logs = {}  # the logs of the last epoch-end save
-        self._saved_callbacks = {}  # and the callbacks' state
+        self._saved_callbacks = None  # and the callbacks' state (`_callbacks_now`)
         self.history = {name: list(values) for name, values in (history or {}).items()}
         self.backup = backup
         self.plan = plan
@@ -429,16 +469,16 @@ class BackupCallback(keras.callbacks.Callback):
         # itself in an epoch by its step count, which such data does not have.
         within_epoch = self.plan.steps_per_epoch is not None and step < self.plan.steps_per_epoch
         if at_update_boundary and step - self._last_saved >= self.every_steps and within_epoch:
-            self.backup.save(self.model, self.plan, self._progress(self._epoch, step))
+            self._save(self._progress(self._epoch, step))
             self._last_saved = step
 
     def on_epoch_end(self, epoch, logs=None):
         # Saved before the user's callbacks run, so an epoch one of them fails after is kept.
         self._saved_logs = {name: float(value) for name, value in (logs or {}).items()}
-        self._saved_callbacks = callbacks_state(self.callbacks)
+        self._saved_callbacks = self._callbacks_now()
         for name, value in self._saved_logs.items():
             self.history.setdefault(name, []).append(value)
-        self.backup.save(self.model, self.plan, self._progress(epoch + 1, 0))
+        self._save(self._progress(epoch + 1, 0))
         self._offset = 0
         self._last_saved = 0
 
@@ -452,11 +492,20 @@ class BackupCallback(keras.callbacks.Callback):
         final = {name: float(value) for name, value in (logs or {}).items()}
         same_logs = final.keys() == self._saved_logs.keys() and all(
             value == self._saved_logs[name] or value != value for name, value in final.items())  # NaN: no change
-        if same_logs and callbacks_state(self.callbacks) == self._saved_callbacks:
+        if same_logs and self._callbacks_now() == self._saved_callbacks:
             return
         for name, value in final.items():
             if name in self._saved_logs:
                 self.history[name][-1] = value
             else:
                 self.history.setdefault(name, []).append(value)
-        self.backup.save(self.model, self.plan, self._progress(epoch + 1, 0))
+        self._save(self._progress(epoch + 1, 0))
+
+    def _save(self, progress: Progress) -> None:
+        self.backup.save(self.model, self.plan, progress, callbacks_arrays(self.callbacks))
+
+    def _callbacks_now(self):
+        """The callbacks' state and which arrays they hold (a callback replaces its list when it takes new ones)."""
+        held = [id(getattr(callback, name, None)) for callback in self.callbacks for kind, name in CALLBACK_ARRAYS
+                if isinstance(callback, kind)]
+        return callbacks_state(self.callbacks), held

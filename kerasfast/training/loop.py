@@ -267,8 +267,8 @@ def run_epochs(model, stream_from, *, plan, epochs: int, callbacks: list, verbos
                                     recorded=recorded, callbacks=callbacks)
             before.append(saving)
             after.append(saving.after_callbacks())
-            if index == 0 and progress is not None and progress.callbacks:
-                after.append(_RestoreCallbackState(callbacks, progress.callbacks))
+            if index == 0 and progress is not None:
+                after.append(_RestoreCallbackState(callbacks, backup.callbacks_state(progress)))
         if first_step and metric_values is not None:
             before.append(_RestoreMetrics(metric_values))
         phase_callbacks = _session_callbacks(callbacks, verbose, steps, first_step, first=index == 0,
