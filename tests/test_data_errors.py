@@ -273,6 +273,58 @@ def test_skip_leaves_out_an_unreadable_file_and_names_it(tmp_path, dataset):
     assert labels(ds) == [0, 2, 4, 6, 8, 10] and ds.kerasfast_info.files[0] == str(good)
 
 
+def test_a_shard_that_is_a_folder_is_named_before_reading_and_skip_leaves_it_out(dataset):
+    os.remove(shard(dataset, 1))
+    os.mkdir(shard(dataset, 1))
+    with pytest.raises(DataError, match=re.escape(shard(dataset, 1)) + r": is a folder, not a TFRecord file"):
+        kd.tfrecord_dataset(dataset, batch_size=4)
+    report = kd.check_tfrecords(dataset)
+    assert not report.ok and f"{shard(dataset, 1)}: is a folder, not a TFRecord file" in report.summary()
+    with pytest.warns(UserWarning, match=r"reading 6 of the 12 records .* is a folder"):
+        ds = kd.tfrecord_dataset(dataset, batch_size=4, shuffle=False, on_error="skip")
+    assert labels(ds) == [0, 2, 4, 6, 8, 10]
+
+
+_READ_WITHOUT_PERMISSIONS = """
+import sys, warnings
+import kerasfast.data as kd
+from kerasfast.errors import DataError
+for options in ({}, {"on_error": "skip"}):
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ds = kd.tfrecord_dataset(sys.argv[1], batch_size=4, shuffle=False, **options)
+            print("read", sorted(int(v) for _, y in ds for v in y.numpy()), [str(w.message) for w in caught])
+    except DataError as error:
+        print("DataError", str(error).replace("\\n", " "))
+"""
+
+
+def test_files_without_read_permission_are_named_and_skip_leaves_a_shard_out(dataset):
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-c", _READ_WITHOUT_PERMISSIONS, str(dataset)]
+    if os.geteuid() == 0:  # root reads any file: drop the capability that lets it
+        if shutil.which("setpriv") is None:
+            pytest.skip("needs a non-root user, or util-linux's setpriv to drop root's file-reading capability")
+        command = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--inh-caps",
+                   "-dac_override,-dac_read_search", *command]
+    os.chmod(shard(dataset, 1), 0)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    refused, skipped = done.stdout.strip().splitlines()[-2:]
+    assert refused.startswith("DataError") and f"{shard(dataset, 1)}: cannot be read (Permission denied)" in refused
+    assert skipped.startswith("read [0, 2, 4, 6, 8, 10]") and "cannot be read (Permission denied)" in skipped
+    os.chmod(shard(dataset, 1), 0o644)
+    os.chmod(dataset / "schema.json", 0)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert done.stdout.count(f"schema file {dataset / 'schema.json'} cannot be read (Permission denied)") == 2, \
+        done.stdout + done.stderr[-3000:]
+
+
 def test_gzip_file_read_as_uncompressed_and_the_reverse(tmp_path):
     x, y = np.zeros((6, 3), np.float32), np.arange(6)
     gz = kd.write_tfrecords((x, y), tmp_path / "gz", shards=1, compression="GZIP").files[0]

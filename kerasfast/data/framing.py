@@ -48,7 +48,7 @@ class RecordProblem:
         index: 0-based index of the record, or None when the problem is the
             whole file (missing, not TFRecord, wrong compression).
         offset: byte offset of the record in the (decompressed) stream, or None.
-        kind: short machine-readable kind: "missing", "empty_pattern",
+        kind: short machine-readable kind: "missing", "unreadable", "empty_pattern",
             "not_tfrecord", "compression", "truncated", "bad_length_crc",
             "bad_data_crc", "parse", "decode", "size_mismatch", "count_mismatch".
         message: what is wrong and what to do.

@@ -285,6 +285,10 @@ class Schema:
                             f"or pass features=... to describe it.") from exc
         except json.JSONDecodeError as exc:
             raise DataError(f"schema file {path} is not valid JSON ({exc}); re-run the conversion.") from exc
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            raise DataError(f"schema file {path} cannot be read ({why}); check its permissions, or re-run the "
+                            "conversion.") from exc
         return cls.from_json(obj, path=path)
 
     # -- parsing -----------------------------------------------------------

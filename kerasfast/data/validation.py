@@ -156,8 +156,16 @@ def file_compression(path: str, expected) -> tuple:
     if not os.path.exists(path):
         return expected, RecordProblem(path, None, None, "missing",
                                        "file not found; check the path, or re-copy the dataset.")
-    with open(path, "rb") as fh:
-        head = fh.read(64)
+    if os.path.isdir(path):
+        return expected, RecordProblem(path, None, None, "unreadable",
+                                       "is a folder, not a TFRecord file; remove it from the folder/pattern.")
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(64)
+    except OSError as error:
+        return expected, RecordProblem(
+            path, None, None, "unreadable",
+            f"cannot be read ({error.strerror or error}); check its permissions.")
     found = sniff_compression(head)
     if found == NOT_TFRECORD:
         return expected, RecordProblem(
