@@ -446,3 +446,30 @@ def test_a_bad_batch_every_pass_meets_stops_the_run_instead_of_returning_it_untr
     model = _model()
     with pytest.raises(TrainingError, match="kept none of its steps"):
         kerasfast.fit(model, data, epochs=1, steps_per_execution=10, run_dir=False, tune="off", verbose=0)
+
+
+def test_a_rate_a_callback_set_after_a_recovery_is_the_rate_the_optimizer_keeps_as_in_keras(capsys):
+    # The rate of epoch 2 blows the loss up; the recovery halves it, the scheduler sets 0.01 for epoch 3.
+    x, y = _regression()
+    rates = {}
+    for fit in ("keras", "kerasfast"):
+        model = _model()
+        scheduler = keras.callbacks.LearningRateScheduler(lambda epoch, rate: 5.0 if epoch == 1 else 0.01)
+        options = dict(epochs=3, batch_size=64, verbose=0, callbacks=[scheduler])
+        model.fit(x, y, **options) if fit == "keras" else kerasfast.fit(model, x, y, run_dir=False, **options)
+        rates[fit] = float(model.optimizer.learning_rate)
+    assert "learning rate now 2.5" in capsys.readouterr().out
+    assert rates["kerasfast"] == rates["keras"] == pytest.approx(0.01)  # was 0.02: 0.01 / 0.5
+
+
+def test_terminate_on_nan_ends_the_run_as_model_fit_does_on_the_rolled_back_state(capsys):
+    x, y = _regression()
+    model = _model()
+    model.compile(loss="mse", optimizer=keras.optimizers.SGD(5.0))
+    before = model.get_weights()
+    result = kerasfast.fit(model, x, y, epochs=3, batch_size=64, verbose=0, run_dir=False, tune="off",
+                           callbacks=[keras.callbacks.TerminateOnNaN()])  # raised TrainingError: "kept none"
+    printed = capsys.readouterr().out
+    assert "rolled back to epoch 1, step 0" in printed and "Invalid loss, terminating training" in printed
+    assert result.history.epoch == [0] and not np.isfinite(result.history.history["loss"][0])  # Keras logs it
+    assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights(), strict=True))

@@ -42,7 +42,9 @@ state after the callback's change is the last good one, so a rollback never
 undoes it. A rollback followed at once by another divergence, with no good
 step in between, cannot get past what diverges (a bad batch in every pass,
 weights that stay broken): the run stops with `TrainingError` rather than
-return a model none of whose steps were kept.
+return a model none of whose steps were kept, unless a callback stopped it
+on the divergence it saw (Keras's `TerminateOnNaN`): that run returns as
+`model.fit` would, its model in the state it was rolled back to.
 
 A rollback past the start of the epoch leaves its metrics empty, and Keras
 would log their 0.0 as the epoch's loss, which `EarlyStopping` and
@@ -285,7 +287,11 @@ class DivergenceGuard(keras.callbacks.Callback):
         # Keras passes the last epoch's logs again, as it computed them.
         if self._replaced_logs is not None and logs is not None:
             logs.update(self._replaced_logs)
-        if self._good_steps_since_rollback == 0 and self._snapshot_at == self._start_snapshot_at:
+        # A callback that stopped the run on the divergence it saw (Keras's TerminateOnNaN) ends it as in
+        # model.fit, without an error: its model is the state it was rolled back to.
+        stopped_by_a_callback = getattr(self.model, "stop_training", False)
+        if (self._good_steps_since_rollback == 0 and self._snapshot_at == self._start_snapshot_at
+                and not stopped_by_a_callback):
             raise TrainingError(
                 f"training kept none of its steps: it diverged ({self.recoveries[-1]['problem']} at "
                 f"{self._last_rollback}) and was rolled back to where it started, and no step trained after that. "

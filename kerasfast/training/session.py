@@ -61,19 +61,36 @@ class LearningRateControl:
 
     def __init__(self, inner):
         self._inner = inner
-        self.factor = 1.0  # all lowering so far, undone when the run ends
+        self.factor = 1.0  # all lowering so far
+        self._lowered_to = None  # the value the last lowering left
+        self._factor_since_set = 1.0  # the lowering since something else (a callback) last set the rate
+
+    def _target(self):
+        rate = _compat.learning_rate_store(self._inner)
+        return rate.scale if isinstance(rate, ScaledSchedule) else rate
 
     def lower(self, factor: float) -> None:
-        rate = _compat.learning_rate_store(self._inner)
-        target = rate.scale if isinstance(rate, ScaledSchedule) else rate
+        target = self._target()
+        if not self._left_as_lowered(target):
+            self._factor_since_set = 1.0
         target.assign(target * factor)
+        self._lowered_to = float(keras.ops.convert_to_numpy(target))
         self.factor *= factor
+        self._factor_since_set *= factor
+
+    def _left_as_lowered(self, target) -> bool:
+        return self._lowered_to is not None and math.isclose(float(keras.ops.convert_to_numpy(target)),
+                                                             self._lowered_to, rel_tol=1e-6)
+
+    def lowering_in_force(self) -> float:
+        """The lowering the rate holds now: none once a callback set it after the last lowering (a
+        `LearningRateScheduler`'s next epoch), else what was lowered since one last set it."""
+        return self._factor_since_set if self._left_as_lowered(self._target()) else 1.0
 
     @contextlib.contextmanager
     def kept(self):
         """Keeps the rate through a block that puts the optimizer's variables back (a rollback)."""
-        rate = _compat.learning_rate_store(self._inner)
-        target = rate.scale if isinstance(rate, ScaledSchedule) else rate
+        target = self._target()
         value = target.numpy() if isinstance(target, keras.Variable) else None
         yield
         if value is not None:
@@ -162,8 +179,8 @@ def optimizer_settings(optimizer, *, learning_rate=None, clipnorm=None):
                 saved_rate.assign(saved_value)
             elif saved_value is not None or (control.factor != 1.0 and _compat.learning_rate_store(inner) is saved_rate):
                 # The rate stays as training left it (a callback may have set
-                # it, as in Keras) minus the recoveries' halving.
-                saved_rate.assign(saved_rate / control.factor)
+                # it, as in Keras) without the recoveries' halving since.
+                saved_rate.assign(saved_rate / control.lowering_in_force())
             _compat.set_learning_rate_store(inner, saved_rate)
             inner.clipnorm, inner.clipvalue, inner.global_clipnorm = saved_clip
 
