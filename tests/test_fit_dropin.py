@@ -1209,6 +1209,19 @@ def test_inputs_without_targets_for_a_compiled_loss_are_refused_naming_the_loss(
         np.testing.assert_array_equal(now, was)
 
 
+@pytest.mark.parametrize("data", ["arrays", "dataset"])
+def test_validation_data_without_targets_is_refused_before_the_first_epoch_trains(data):
+    # model.fit trains the whole first epoch, then fails in the evaluation with "None values not supported".
+    model = _model()
+    before = [w.copy() for w in model.get_weights()]
+    validation = (X[:50],) if data == "arrays" else tf.data.Dataset.from_tensor_slices(X[:50]).batch(25)
+    with pytest.raises(kerasfast.DataError, match=r"^validation_data holds inputs only .*pass validation_data=\(x, y\)"):
+        kerasfast.fit(model, X, Y, epochs=1, batch_size=20, validation_data=validation, tune="off", run_dir=False,
+                      verbose=0)
+    for now, was in zip(model.get_weights(), before, strict=True):
+        np.testing.assert_array_equal(now, was)
+
+
 class _Batches(keras.callbacks.Callback):
     def __init__(self):
         super().__init__()

@@ -655,10 +655,11 @@ def check_targets(model, sample_batch, what: str = "data") -> None:
         return
     if keras.utils.unpack_x_y_sample_weight(sample_batch)[1] is not None:
         return
+    remedy = "y=" if what == "data" else f"{what}=(x, y)"
     raise DataError(
         f"{what} holds inputs only (y=None, or a dataset yielding no targets), but model {model.name!r} is compiled "
-        f"with loss={_loss_name(model.loss)}, which compares its outputs with targets: pass y=, or a dataset of "
-        "(inputs, targets) pairs. A model whose loss comes only from add_loss() is compiled without loss=.")
+        f"with loss={_loss_name(model.loss)}, which compares its outputs with targets: pass {remedy}, or a dataset "
+        "of (inputs, targets) pairs. A model whose loss comes only from add_loss() is compiled without loss=.")
 
 
 def _loss_name(loss) -> str:

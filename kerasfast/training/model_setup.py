@@ -163,6 +163,18 @@ def _has_added_losses(model) -> bool:
     return _compat.layers_add_losses(model) or bool(getattr(model, "losses", []))
 
 
+def _check_validation_targets(run: Run) -> None:
+    """`check_targets` for `validation_data` given as arrays or a `tf.data.Dataset` (its element spec; nothing is
+    read), which Keras's evaluation would fail on only after the first epoch has trained."""
+    validation = (run.validation or {}).get("validation_data")
+    if _compat.overridden_step(run.train_model, "test_step") is not None:
+        return
+    if isinstance(validation, tf.data.Dataset):
+        check_targets(run.train_model, validation.element_spec, "validation_data")
+    elif isinstance(validation, (tuple, list)):
+        check_targets(run.train_model, tuple(validation), "validation_data")
+
+
 def _build_state(run: Run) -> None:
     """Creates model, loss, metric and optimizer variables, once, before the first trace."""
     model = run.train_model
@@ -175,6 +187,7 @@ def _build_state(run: Run) -> None:
         return
     if run.model_facts.custom_train_step is None:
         check_targets(model, run.train_data.sample_batch)
+        _check_validation_targets(run)
         _compat.build_state(model, run.train_data.sample_batch)
         return
     if run.strategy is None:
