@@ -117,3 +117,25 @@ class CountsTrainingTraces(keras.layers.Layer):
         if training:
             type(self).traces += 1
         return self.dense(x)
+
+
+def run_without_file_permissions_bypass(command: list, **options):
+    """Runs `command` (a subprocess) as a process that file permissions bind: as it is for a non-root user;
+    under root, with util-linux's `setpriv` dropping the capabilities that let root read and write any file.
+
+    Returns:
+        The `subprocess.CompletedProcess` (text output captured).
+    """
+    import os
+    import shutil
+    import subprocess
+
+    import pytest
+
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("needs a non-root user, or util-linux's setpriv to drop root's file-access capabilities")
+        dropped = "-dac_override,-dac_read_search"
+        command = ["setpriv", "--bounding-set", dropped, "--inh-caps", dropped, *command]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, **options)

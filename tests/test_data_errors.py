@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import struct
+import sys
 
 import keras
 import numpy as np
@@ -18,6 +19,7 @@ import tensorflow as tf
 
 import kerasfast.data as kd
 from kerasfast.errors import DataError
+from tests.helpers import run_without_file_permissions_bypass
 
 N = 12
 SPEC = {"x": tf.io.FixedLenFeature([], tf.string), "y": tf.io.FixedLenFeature([], tf.int64)}
@@ -301,28 +303,39 @@ for options in ({}, {"on_error": "skip"}):
 
 
 def test_files_without_read_permission_are_named_and_skip_leaves_a_shard_out(dataset):
-    import subprocess
-    import sys
-
     command = [sys.executable, "-c", _READ_WITHOUT_PERMISSIONS, str(dataset)]
-    if os.geteuid() == 0:  # root reads any file: drop the capability that lets it
-        if shutil.which("setpriv") is None:
-            pytest.skip("needs a non-root user, or util-linux's setpriv to drop root's file-reading capability")
-        command = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--inh-caps",
-                   "-dac_override,-dac_read_search", *command]
     os.chmod(shard(dataset, 1), 0)
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    done = run_without_file_permissions_bypass(command)
     assert done.returncode == 0, done.stderr[-3000:]
     refused, skipped = done.stdout.strip().splitlines()[-2:]
     assert refused.startswith("DataError") and f"{shard(dataset, 1)}: cannot be read (Permission denied)" in refused
     assert skipped.startswith("read [0, 2, 4, 6, 8, 10]") and "cannot be read (Permission denied)" in skipped
     os.chmod(shard(dataset, 1), 0o644)
     os.chmod(dataset / "schema.json", 0)
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    done = run_without_file_permissions_bypass(command)
     assert done.stdout.count(f"schema file {dataset / 'schema.json'} cannot be read (Permission denied)") == 2, \
         done.stdout + done.stderr[-3000:]
+
+
+_CACHE_IN = """
+import sys
+import kerasfast.data as kd
+from kerasfast.errors import DataError
+try:
+    kd.tfrecord_dataset(sys.argv[1], batch_size=4, cache=sys.argv[2])
+except DataError as error:
+    print("DataError", error)
+"""
+
+
+def test_a_file_cache_in_a_folder_that_cannot_be_written_is_refused_when_the_dataset_is_made(dataset, tmp_path):
+    # TensorFlow's own error came at the first batch: PermissionDeniedError from IteratorGetNext.
+    (tmp_path / "read_only").mkdir(mode=0o555)
+    done = run_without_file_permissions_bypass(
+        [sys.executable, "-c", _CACHE_IN, str(dataset), str(tmp_path / "read_only" / "cache")])
+    assert f"DataError cache='{tmp_path / 'read_only' / 'cache'}': its folder {tmp_path / 'read_only'} cannot be " \
+           "written" in done.stdout, done.stdout + done.stderr[-3000:]
+    assert not list((tmp_path / "read_only").iterdir())
 
 
 def test_gzip_file_read_as_uncompressed_and_the_reverse(tmp_path):

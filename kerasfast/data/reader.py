@@ -746,6 +746,9 @@ def _versioned_cache(request: _Request, sharding: _Sharding, checked: _Checked, 
     except OSError as error:
         raise DataError(f"cache={request.cache!r}: cannot make its folder {folder} ({error}); pass a prefix in a "
                         "folder you can write, or cache='memory'.") from error
+    if not os.access(folder, os.W_OK | os.X_OK):  # else TensorFlow fails at the first batch, in the iterator
+        raise DataError(f"cache={request.cache!r}: its folder {folder} cannot be written by this process; pass a "
+                        "prefix in a folder you can write, or cache='memory'.")
     return f"{request.cache}.kf-{digest}"
 
 
