@@ -101,10 +101,12 @@ def filter_chatter(text: str) -> str:
 
 
 @contextlib.contextmanager
-def filtered_stderr():
+def filtered_stderr(explained=lambda error: False):
     """Sends file descriptor 2 to a temporary file for the block, then writes
-    back what it caught without TensorFlow's chatter (everything, if the
-    block raised). A no-op with KERASFAST_VERBOSE_TF=1.
+    back what it caught without TensorFlow's chatter; everything if the block
+    raised, and nothing if `explained(error)` says the caller turns that
+    error into one of its own, whose cause holds what was printed. A no-op
+    with KERASFAST_VERBOSE_TF=1.
 
     Also used around conversions that start TensorFlow's graph optimiser,
     whose "Number of eligible GPUs" / "Starting new session" lines ignore
@@ -121,7 +123,7 @@ def filtered_stderr():
     except OSError:  # no stderr to redirect
         yield
         return
-    failed = True
+    failed, replaced = True, False
     with tempfile.TemporaryFile(mode="w+b") as capture:
         try:
             if sys.stderr is not None:
@@ -130,6 +132,9 @@ def filtered_stderr():
             try:
                 yield
                 failed = False
+            except BaseException as error:
+                replaced = explained(error)
+                raise
             finally:
                 if sys.stderr is not None:
                     sys.stderr.flush()
@@ -138,7 +143,7 @@ def filtered_stderr():
             os.close(saved)
             capture.seek(0)
             text = capture.read().decode("utf-8", errors="replace")
-            shown = text if failed else filter_chatter(text)
+            shown = "" if replaced else text if failed else filter_chatter(text)
             if shown:
                 os.write(stderr_fd, shown.encode("utf-8", errors="replace"))
 

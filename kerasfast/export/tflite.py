@@ -87,8 +87,9 @@ def convert_saved_model(
     try:
         # The converter's C++ notices ("fully_quantize: 0, ...", SavedModel
         # loading) go straight to file descriptor 2; on failure all of it is
-        # shown.
-        with filtered_stderr():
+        # shown, unless the error below names the ops (its cause holds the
+        # converter's own account, which it printed as MLIR diagnostics).
+        with filtered_stderr(explained=lambda error: bool(_unsupported_ops(error, known_layer_names)[0])):
             return converter.convert()
     except Exception as error:
         ops, layers = _unsupported_ops(error, known_layer_names)
