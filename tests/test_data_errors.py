@@ -287,6 +287,16 @@ def test_a_shard_that_is_a_folder_is_named_before_reading_and_skip_leaves_it_out
     assert labels(ds) == [0, 2, 4, 6, 8, 10]
 
 
+def test_a_schema_json_of_another_dataset_is_what_the_check_leads_with(dataset, tmp_path):
+    other = kd.write_tfrecords({"img": np.zeros((20, 3, 3), np.uint8), "label": np.arange(20)}, tmp_path / "other",
+                               shards=2)
+    shutil.copy(os.path.join(other.out_dir, "schema.json"), dataset / "schema.json")
+    summary = kd.check_tfrecords(dataset).summary()
+    # It led with "2 file(s) hold more records than schema.json promises", a consequence of this.
+    assert summary.startswith(f"none of the {N} records matches {dataset / 'schema.json'}: it probably describes "
+                              "another dataset"), summary
+
+
 _READ_WITHOUT_PERMISSIONS = """
 import sys, warnings
 import kerasfast.data as kd

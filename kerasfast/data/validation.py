@@ -113,7 +113,14 @@ class ValidationReport:
         probs = self.problems
         # Against the schema's count: records after a truncation are not found, so not counted, otherwise.
         longer = [f for f in self.files if f.num_extra]
-        if longer:
+        record_problems = [p for p in probs if p.index is not None]
+        if self.num_records and not self.num_good and record_problems and all(
+                p.kind == "parse" for p in record_problems):
+            # Every count and file problem follows from this one: the schema describes other records.
+            readable = (f"none of the {self.num_records} records matches {self.schema_path or SCHEMA_FILENAME}: it "
+                        "probably describes another dataset (re-write the data, or pass features= that describe "
+                        "it)")
+        elif longer:
             promised = f", {self.promised} promised" if self.promised is not None else ""
             readable = (f"{len(longer)} file(s) hold more records than {SCHEMA_FILENAME} promises "
                         f"({sum(f.num_extra for f in longer)} more; {self.num_good} readable{promised})")
