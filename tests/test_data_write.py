@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import warnings
 
 import numpy as np
@@ -179,7 +180,7 @@ def test_iterable_of_dicts_streams_and_checks_every_record(tmp_path):
     result = kd.write_tfrecords(gen(10), tmp_path / "ok", shards=4)
     assert result.schema.label == "label"  # found among the keys of the first record
     assert result.num_records == 10 and [s.num_records for s in result.schema.shards] == [3, 3, 2, 2]
-    with pytest.raises(DataError, match=r"record 6 feature 'v' has shape \(4,\), the first record had \(3,\)"):
+    with pytest.raises(DataError, match=r"record 6 feature 'v' has shape \(4,\), record 0 had \(3,\)"):
         kd.write_tfrecords(gen(10, bad_at=6), tmp_path / "bad", label="label")
 
 
@@ -684,3 +685,76 @@ def test_a_label_that_is_the_only_feature_is_refused_before_anything_is_written(
     assert refused.exit_code == 1 and "label 'text' is the only feature" in refused.output
     assert sorted(os.listdir(tmp_path / "old")) == before  # the previous dataset is untouched
     assert kd.dataset_info(str(tmp_path / "old")).schema.num_records == previous.num_records
+
+
+@pytest.mark.parametrize("missing", [None, np.nan], ids=["None", "NaN"])
+@pytest.mark.parametrize("dtype", [None, object], ids=["default dtype", "object"])
+def test_a_missing_value_in_a_dataframe_string_column_is_named_as_one(tmp_path, missing, dtype):
+    # It was "row 1 feature 's' is a float, the first record had a string", for a float the user never wrote.
+    df = pd.DataFrame({"s": pd.Series(["x", missing, "z"], dtype=dtype), "label": [0, 1, 0]})
+    with pytest.raises(DataError, match=r"row 1 has a missing value \((None|NaN)\) in column 's', a string column "
+                                        r"\((object|str)\) that cannot hold one: fill the missing values, e.g. with an "
+                                        r"empty value \(df\['s'\]\.fillna\(''\)\)\. Fix or remove it"):
+        kd.write_tfrecords(df, tmp_path / "out", label="label")
+    with pytest.warns(UserWarning, match="skipped 1 bad record"):
+        result = kd.write_tfrecords(df, tmp_path / "out", label="label", shards=1, shuffle=False, on_error="skip")
+    assert [location for location, _ in result.skipped] == ["row 1"]
+    x, y = read_everything(tmp_path / "out")
+    assert x.tolist() == [b"x", b"z"] and y.tolist() == [0, 0]
+    # The wording is the one of a null in a Parquet string column, and a categorical column gets a fill it takes.
+    df.to_parquet(tmp_path / "s.parquet")
+    with pytest.warns(UserWarning, match="skipped 1 bad record"):
+        parquet = kd.write_tfrecords(str(tmp_path / "s.parquet"), tmp_path / "pq", on_error="skip")
+    assert parquet.skipped[0][1].startswith("has a missing value (null) in column 's', a string column (")
+    assert parquet.skipped[0][1].endswith("that cannot hold one: fill the missing values, e.g. with an empty value "
+                                          "(pandas: df['s'].fillna(''))")
+    with pytest.raises(DataError, match=r"row 1 has a missing value \(NaN\) in column 's', a string column "
+                                        r"\(category\) .*\(df\['s'\]\.cat\.add_categories\(''\)\.fillna\(''\)\)"):
+        kd.write_tfrecords(df.astype({"s": "category"}), tmp_path / "cat")
+
+
+@pytest.mark.parametrize("records, message", [
+    ([{"a": 1.0, "label": 0}, {"a": None, "label": 1}],
+     r"record 1 feature 'a' is None \(a missing value\), which a feature cannot hold: fill it \(e\.g\. with NaN or "
+     r"0 for a number, '' for a string\)\. Fix or remove it"),
+    ([{"a": "x", "label": 0}, {"a": None, "label": 1}],
+     r"record 1 feature 'a' is None \(a missing value\), which a string feature cannot hold: fill it \(e\.g\. "
+     r"with ''\)\. Fix or remove it"),
+    ([{"a": [1.0, 2.0], "label": 0}, {"a": [3.0, None], "label": 1}],
+     r"record 1 feature 'a' holds None \(a missing value\) at index 1, which a feature cannot hold: fill it"),
+    ([{"a": 1, "label": 0}, {"a": 2**70, "label": 1}],
+     r"record 1 feature 'a' is 1180591620717411303424, an integer beyond int64's range \(-2\*\*63 to 2\*\*63-1\), "
+     r"which a feature cannot hold: store the feature as a float \(float\(value\), in every record; about 16 "
+     r"significant digits\) or as a string \(str\(value\)\)\. Fix or remove it"),
+    ([{"a": -(2**70), "label": 0}, {"a": 1, "label": 1}],
+     r"record 0 feature 'a' is -1180591620717411303424, an integer beyond int64's range"),
+], ids=["None", "None for a string", "None in a list", "int beyond int64", "int beyond int64 first"])
+def test_a_missing_value_or_an_int_beyond_int64_in_an_iterable_of_dicts_is_named(tmp_path, records, message):
+    # It was "record 1 feature 'a' is object, the first record had float64" (or int64).
+    with pytest.raises(DataError, match=message):
+        kd.write_tfrecords(iter(records), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    # A bad record, which on_error="skip" leaves out, even the first one: the next record then fixes the features.
+    with pytest.warns(UserWarning, match="skipped 1 bad record"):
+        result = kd.write_tfrecords(iter(records), tmp_path / "out", shards=1, on_error="skip")
+    location, reason = result.skipped[0]
+    assert result.num_records == 1 and re.fullmatch(message.split(r"\. Fix")[0] + ".*", f"{location} {reason}")
+
+
+@pytest.mark.parametrize("shuffle", [True, False], ids=["shuffled", "in order"])
+def test_a_mismatch_names_the_record_that_fixed_the_features_by_its_row_in_the_source(tmp_path, shuffle):
+    # With the write-time shuffle, "the first record had (3,)" meant row 2, the first written, not row 0.
+    ragged = np.array([[1, 2], [3], [4, 5, 6]], dtype=object)
+    pattern = r"row (\d) feature 's' has shape \((\d),\), row (\d) had \((\d),\); all records need the same shape"
+    with pytest.raises(DataError, match=pattern) as caught:
+        kd.write_tfrecords({"s": ragged, "label": np.arange(3)}, tmp_path / "out", shuffle=shuffle)
+    row, length, reference, reference_length = map(int, re.search(pattern, str(caught.value)).groups())
+    assert len(ragged[row]) == length and len(ragged[reference]) == reference_length and row != reference
+    if shuffle:  # seed 0 writes row 2 first
+        assert (row, reference) == (0, 2)
+    mixed = pd.DataFrame({"v": pd.Series([1.5, 2.5, "a", 3.5], dtype=object), "label": [0, 1, 0, 1]})
+    with pytest.raises(DataError, match=r"row \d feature 'v' is .*, row \d had ") as caught:
+        kd.write_tfrecords(mixed, tmp_path / "out", shuffle=shuffle)
+    row, reference = map(int, re.findall(r"row (\d)", str(caught.value)))
+    said = str(caught.value).split(f"row {reference} had ")[1]
+    assert said.startswith("a string" if reference == 2 else "float64") and (row == 2) != (reference == 2)

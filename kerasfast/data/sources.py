@@ -267,8 +267,7 @@ def _dataframe_source(df, *, shuffle, seed) -> Source:
     # Each column's NumPy dtype is decided here, once for the whole frame: pandas converts a nullable column
     # (Int64, boolean, Float64) to float64 or object only where a chunk holds <NA>, which would change the
     # feature's dtype from one chunk to the next (and round int64 ids beyond 2**53 on the way).
-    nullable = {column: _nullable_conversion(column, df.dtypes.iloc[position])
-                for position, column in enumerate(columns)}
+    conversions = {column: _column_conversion(df.iloc[:, position]) for position, column in enumerate(columns)}
 
     def records():
         order = np.random.default_rng(seed).permutation(n) if shuffle else np.arange(n)
@@ -278,17 +277,18 @@ def _dataframe_source(df, *, shuffle, seed) -> Source:
             cols, missing = {}, {}
             for position, column in enumerate(columns):
                 values = part.iloc[:, position]
-                conversion = nullable[column]
+                conversion = conversions[column]
                 if conversion is None:
                     cols[column] = values.to_numpy()
                     continue
-                cols[column] = values.to_numpy(dtype=conversion.dtype, na_value=conversion.na_value)
-                if conversion.refusal is not None:
-                    missing[column] = values.isna().to_numpy()
+                cols[column] = conversion.to_numpy(values)
+                if conversion.kind is not None:
+                    missing[column] = (values.isna().to_numpy(), values)
             for j, i in enumerate(idx):
-                absent = [c for c, mask in missing.items() if mask[j]]
+                absent = [c for c, (mask, _) in missing.items() if mask[j]]
                 if absent:
-                    yield f"row {i}", BadRecord(" and ".join(nullable[c].refusal for c in absent))
+                    yield f"row {i}", BadRecord(" and ".join(
+                        conversions[c].refusal(c, missing[c][1].iloc[j]) for c in absent))
                     continue
                 yield f"row {i}", {c: v[j] for c, v in cols.items()}
 
@@ -297,32 +297,68 @@ def _dataframe_source(df, *, shuffle, seed) -> Source:
 
 
 @dataclasses.dataclass(frozen=True)
-class _NullableConversion:
-    """How a pandas nullable column (Int64, boolean, Float64, ...) becomes NumPy: one dtype for every row;
-    `refusal` is the reason a row with a missing value is refused, None where NaN stands for it."""
+class _ColumnConversion:
+    """How a DataFrame column becomes NumPy, alike in every chunk: `to_numpy`'s `dtype` and `na_value` (None:
+    the column's own); `kind`, the NumPy kind of its values ("i", "u", "b", "U" or "S") where a row with a
+    missing value is refused, None where NaN stands for one; `column_type`, the pandas dtype the refusal names."""
 
-    dtype: np.dtype
+    dtype: np.dtype | None
     na_value: Any
-    refusal: str | None
+    kind: str | None
+    column_type: str = ""
+
+    def to_numpy(self, values) -> np.ndarray:
+        if self.dtype is None:
+            return values.to_numpy()
+        return values.to_numpy(dtype=self.dtype, na_value=self.na_value)
+
+    def refusal(self, name: str, value) -> str:
+        """Why a row whose value in this column, `name`, is the missing `value` (<NA>, None, NaN) is refused."""
+        shown = "NaN" if isinstance(value, (float, np.floating)) else str(value)
+        return _missing_value_reason(name, shown, self.kind, self.column_type, pandas=True)
 
 
-def _nullable_conversion(name: str, dtype) -> _NullableConversion | None:
-    """The conversion of a column of pandas dtype `dtype`, or None for a column `to_numpy` converts alike in
-    every chunk (a NumPy dtype, categorical, strings)."""
+def _column_conversion(column) -> _ColumnConversion | None:
+    """The conversion of DataFrame column `column` (a Series), or None for one that `to_numpy` converts alike
+    in every chunk and that has no missing value the writer would misread (a NumPy dtype, a float column)."""
+    import pandas as pd
+
+    dtype = column.dtype
     numpy_dtype = getattr(dtype, "numpy_dtype", None)
-    if numpy_dtype is None or type(dtype).__module__.split(".")[0] != "pandas":
+    if numpy_dtype is not None and type(dtype).__module__.split(".")[0] == "pandas":
+        # A nullable column (Int64, boolean, Float64, ...).
+        numpy_dtype = np.dtype(numpy_dtype)
+        if numpy_dtype.kind == "f":
+            return _ColumnConversion(numpy_dtype, np.nan, None)
+        if numpy_dtype.kind in "iub":
+            # The value stored for <NA> is never written: the row is refused (or skipped) instead.
+            return _ColumnConversion(numpy_dtype, False if numpy_dtype.kind == "b" else 0, numpy_dtype.kind,
+                                     str(dtype))
+    # Text (object in pandas 2, str or string in pandas 3, categories of strings, pyarrow strings): `to_numpy`
+    # keeps a missing value as None, NaN or <NA>, which the writer would take for a value of another type.
+    if dtype.kind not in "OSU" or not column.hasnans:
         return None
-    numpy_dtype = np.dtype(numpy_dtype)
-    if numpy_dtype.kind == "f":
-        return _NullableConversion(numpy_dtype, np.nan, None)
-    if numpy_dtype.kind not in "iub":
-        return None
-    # The value stored for <NA> is never written: the row is refused (or skipped) instead.
-    kind = "a boolean" if numpy_dtype.kind == "b" else "an integer"
-    return _NullableConversion(numpy_dtype, False if numpy_dtype.kind == "b" else 0, (
-        f"has a missing value (<NA>) in column {name!r}, {kind} column ({dtype}) that cannot hold one: fill "
-        f"the missing values (df[{name!r}].fillna(...)) or give the column a float dtype "
-        f"(df[{name!r}].astype('float64')), where a missing value becomes NaN"))
+    values = dtype.categories if isinstance(dtype, pd.CategoricalDtype) else column
+    kind = {"string": "U", "bytes": "S"}.get(pd.api.types.infer_dtype(values, skipna=True))
+    return None if kind is None else _ColumnConversion(None, None, kind, str(dtype))
+
+
+def _missing_value_reason(name: str, shown: str, kind: str, column_type, *, pandas: bool) -> str:
+    """Why a row with a missing value (`shown` as <NA>, null, None or NaN) in column `name` is refused, with the
+    fix that fits the column: `kind` is the NumPy kind of its values ("i" or "u" integers, "b" booleans, "U"
+    strings, "S" bytes), `column_type` its type as its library names it; `pandas`: a DataFrame's column (else a
+    Parquet file's). The one wording of DataFrame and Parquet nulls."""
+    via = "" if pandas else "pandas: "
+    if kind in ("i", "u", "b"):
+        what = "a boolean" if kind == "b" else "an integer"
+        fix = (f"fill the missing values ({via}df[{name!r}].fillna(...)) or give the column a float dtype "
+               f"(df[{name!r}].astype('float64')), where a missing value becomes NaN")
+    else:
+        what, empty = ("a string", "''") if kind == "U" else ("a binary", "b''")
+        # A categorical column takes only its categories: the empty value must become one first.
+        categories = f".cat.add_categories({empty})" if str(column_type) == "category" else ""
+        fix = f"fill the missing values, e.g. with an empty value ({via}df[{name!r}]{categories}.fillna({empty}))"
+    return f"has a missing value ({shown}) in column {name!r}, {what} column ({column_type}) that cannot hold one: {fix}"
 
 
 def _refuse_name_clashes(keys: list, what: str, fix: str) -> None:
@@ -431,15 +467,11 @@ def _null_reason(name: str, kind) -> str:
     the type."""
     import pyarrow as pa
 
-    if pa.types.is_integer(kind) or pa.types.is_boolean(kind):
-        what = "a boolean" if pa.types.is_boolean(kind) else "an integer"
-        return (f"has a missing value (null) in column {name!r}, {what} column ({kind}) that cannot hold one: "
-                f"fill the missing values (pandas: df[{name!r}].fillna(...)) or make the column a float type "
-                f"(df[{name!r}].astype('float64')), where a missing value becomes NaN")
-    text = pa.types.is_string(kind) or pa.types.is_large_string(kind)
-    empty, what = ("''", "a string") if text else ("b''", "a binary")
-    return (f"has a missing value (null) in column {name!r}, {what} column ({kind}) that cannot hold one: fill the "
-            f"missing values, e.g. with an empty value (pandas: df[{name!r}].fillna({empty}))")
+    if pa.types.is_boolean(kind) or pa.types.is_integer(kind):
+        numpy_kind = "b" if pa.types.is_boolean(kind) else "i"
+    else:
+        numpy_kind = "U" if pa.types.is_string(kind) or pa.types.is_large_string(kind) else "S"
+    return _missing_value_reason(name, "null", numpy_kind, kind, pandas=False)
 
 
 def _arrow_list_values(column, name: str) -> list:

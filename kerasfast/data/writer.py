@@ -547,13 +547,35 @@ def _remove_old_shards(out_dir, prefix, keep):
 
 
 class _RecordMismatch(Exception):
-    """A record whose features do not match the first record's."""
+    """A record whose features do not match the first record's, or that holds a value no feature can."""
 
 
-def _narrowed(f: FeatureSchema, arr: np.ndarray, target: np.dtype) -> np.ndarray:
-    """`arr` in the feature's dtype, the first record's; refuses a value that dtype cannot hold (an int8
-    feature given 1000 would wrap to -24, a float16 one given 1e6 would become inf), where a float's
-    rounding is the stored dtype's precision."""
+# Python integers NumPy holds as int64 or uint64; one beyond becomes an object, which no feature can store.
+_NUMPY_INT_RANGE = (-2**63, 2**64 - 1)
+
+
+def _unstorable(name: str, arr: np.ndarray) -> _RecordMismatch | None:
+    """Why feature `name`'s value cannot be stored whatever the other records hold, where NumPy found no
+    dtype for it (`arr` is an object array): it is (or holds) None, a missing value, or a Python integer
+    beyond int64's range. None when neither: the caller's own message names the type."""
+    for index, value in np.ndenumerate(arr):
+        is_ = "is" if arr.ndim == 0 else "holds"
+        at = "" if arr.ndim == 0 else f" at index {index[0] if len(index) == 1 else index}"
+        if value is None:
+            return _RecordMismatch(f"feature {name!r} {is_} None (a missing value){at}, which a feature cannot "
+                                   f"hold: fill it (e.g. with NaN or 0 for a number, '' for a string)")
+        if isinstance(value, int) and not _NUMPY_INT_RANGE[0] <= value <= _NUMPY_INT_RANGE[1]:
+            return _RecordMismatch(f"feature {name!r} {is_} {value}{at}, an integer beyond int64's range (-2**63 to "
+                                   f"2**63-1), which a feature cannot hold: store the feature as a float "
+                                   f"(float(value), in every record; about 16 significant digits) or as a string "
+                                   f"(str(value))")
+    return None
+
+
+def _narrowed(f: FeatureSchema, arr: np.ndarray, target: np.dtype, first: str) -> np.ndarray:
+    """`arr` in the feature's dtype, that of the first record written (at `first`); refuses a value that dtype
+    cannot hold (an int8 feature given 1000 would wrap to -24, a float16 one given 1e6 would become inf), where
+    a float's rounding is the stored dtype's precision."""
     with np.errstate(over="ignore", invalid="ignore"):
         cast = arr.astype(target)
         if target.kind == "f":
@@ -563,9 +585,9 @@ def _narrowed(f: FeatureSchema, arr: np.ndarray, target: np.dtype) -> np.ndarray
     if np.any(lost):
         value = arr[lost].flat[0] if arr.ndim else arr.item()
         raise _RecordMismatch(
-            f"feature {f.name!r} holds {value}, which the first record's {f.dtype} cannot hold; give the first "
-            f"record the dtype every record fits (e.g. np.asarray(value, {arr.dtype.name!r})) or convert the "
-            "source's values to one dtype")
+            f"feature {f.name!r} holds {value}, which the first record's {f.dtype} cannot hold ({first} gave the "
+            f"feature that dtype); give {first} the dtype every record fits (e.g. np.asarray(value, "
+            f"{arr.dtype.name!r})) or convert the source's values to one dtype")
     return cast
 
 
@@ -573,12 +595,15 @@ class _RecordEncoder:
     """Infers the features from the first record and serialises every record.
 
     The first record fixes names, dtypes, shapes and encodings; later records
-    must match (images may vary in height and width).
+    must match (images may vary in height and width). A mismatch names that
+    record by its location in the source (`first`), which after a shuffle is
+    not the source's first.
     """
 
     def __init__(self, image_encoding):
         self.image_encoding = image_encoding
         self.features: dict | None = None
+        self.first = ""  # the location of the record that fixed the features
         self.names: list = []
         self._image_shapes: dict = {}
         self._image_formats: dict = {}
@@ -606,12 +631,13 @@ class _RecordEncoder:
                             f"name(s) {clashing}; give each feature a distinct name.")
         if self.features is None:
             self.features = {str(k): self._infer(str(k), v, location) for k, v in record.items()}
+            self.first = location
             self.names = list(self.features)
             if not self.names:
                 raise DataError(f"{location} has no features.")
             self.layout = RecordLayout.of(list(self.features.values()))
         elif len(record) != len(self.features) or any(str(k) not in self.features for k in record):
-            raise _RecordMismatch(f"has features {sorted(map(str, record))}, the first record had {sorted(self.names)}")
+            raise _RecordMismatch(f"has features {sorted(map(str, record))}, {self.first} had {sorted(self.names)}")
         feature = {}
         for key, value in record.items():
             f = self.features[str(key)]
@@ -629,6 +655,8 @@ class _RecordEncoder:
         if isinstance(value, (str, bytes)):
             return FeatureSchema(name, "string", (), "bytes")
         arr = _as_array(name, value, DataError, location)
+        if arr.dtype.kind == "O" and (unstorable := _unstorable(name, arr)) is not None:
+            raise unstorable  # a bad record (None, say), which on_error="skip" leaves out; the next one is first
         if arr.dtype.kind in "USO":
             if arr.ndim == 0 and arr.dtype.kind in "US":
                 return FeatureSchema(name, "string", (), "bytes")
@@ -664,29 +692,25 @@ class _RecordEncoder:
             else:
                 arr = np.asarray(value)
                 if arr.dtype != np.uint8 or arr.ndim != 3 or arr.shape[2] != f.shape[2]:
-                    raise _RecordMismatch(f"feature {f.name!r} is {arr.dtype} {arr.shape}, the first record had "
+                    raise _RecordMismatch(f"feature {f.name!r} is {arr.dtype} {arr.shape}, {self.first} had "
                                           f"uint8 with {f.shape[2]} channels")
                 shape = arr.shape
                 data = (tf.io.encode_png(arr) if f.encoding == "png" else tf.io.encode_jpeg(arr, quality=95)).numpy()
             self._merge_image_shape(f.name, shape)
             return tf.train.Feature(bytes_list=tf.train.BytesList(value=[data]))
         if f.encoding == "bytes":
-            if isinstance(value, np.ndarray) and value.ndim == 0:
-                value = value.item()
-            if isinstance(value, str):
-                value = value.encode("utf-8")
-            if not isinstance(value, bytes):
-                raise _RecordMismatch(f"feature {f.name!r} is a {type(value).__name__}, the first record had a string")
-            return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+            return tf.train.Feature(bytes_list=tf.train.BytesList(value=[self._string(f, value)]))
         arr = _as_array(f.name, value, _RecordMismatch)
+        if arr.dtype.kind == "O" and (unstorable := _unstorable(f.name, arr)) is not None:
+            raise unstorable
         if arr.shape != f.shape:
-            raise _RecordMismatch(f"feature {f.name!r} has shape {arr.shape}, the first record had {f.shape}; all "
+            raise _RecordMismatch(f"feature {f.name!r} has shape {arr.shape}, {self.first} had {f.shape}; all "
                                   f"records need the same shape (pad or resize them)")
         target = np.dtype(f.dtype)
         if arr.dtype != target:
             if not np.can_cast(arr.dtype, target, casting="same_kind") or arr.dtype.kind in "USO":
-                raise _RecordMismatch(f"feature {f.name!r} is {arr.dtype}, the first record had {f.dtype}")
-            arr = _narrowed(f, arr, target)
+                raise _RecordMismatch(f"feature {f.name!r} is {arr.dtype}, {self.first} had {f.dtype}")
+            arr = _narrowed(f, arr, target, self.first)
         if f.encoding == "int64":
             return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(arr)]))
         if f.encoding == "float":
@@ -695,6 +719,20 @@ class _RecordEncoder:
             arr = arr.astype(np.uint8)
         data = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
         return tf.train.Feature(bytes_list=tf.train.BytesList(value=[data]))
+
+    def _string(self, f: FeatureSchema, value) -> bytes:
+        """The bytes of string feature `f`'s `value`."""
+        if isinstance(value, np.ndarray) and value.ndim == 0:
+            value = value.item()
+        if isinstance(value, str):
+            value = value.encode("utf-8")
+        if value is None or (isinstance(value, (float, np.floating)) and np.isnan(value)):
+            # NaN is how pandas gives a missing string (df.to_dict("records"), df.itertuples()).
+            raise _RecordMismatch(f"feature {f.name!r} is {'None' if value is None else 'NaN'} (a missing value), "
+                                  f"which a string feature cannot hold: fill it (e.g. with '')")
+        if not isinstance(value, bytes):
+            raise _RecordMismatch(f"feature {f.name!r} is a {type(value).__name__}, {self.first} had a string")
+        return value
 
     def _merge_image_shape(self, name, shape):
         old = self._image_shapes[name]
