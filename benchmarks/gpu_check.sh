@@ -53,3 +53,5 @@ timeout 240 python benchmarks/tune.py --quick --seconds 10 --only "GPT"
 timeout 300 python benchmarks/transformer.py --rounds 1
 # Causal attention in query blocks against Keras's op (the plan keeps Keras's op on GPUs until this is measured).
 timeout 240 python benchmarks/attention.py --rounds 3
+# Hashed dropout masks against Keras's (the plan keeps Keras's masks on GPUs until this is measured).
+timeout 240 python benchmarks/dropout.py --rounds 3

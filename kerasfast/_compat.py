@@ -376,6 +376,21 @@ def tensorflow_nn_module():
     return nn
 
 
+def tensorflow_random_module():
+    """Keras's TensorFlow `random` module: `keras.layers.Dropout` (and every layer's dropout) looks its
+    `dropout` up there on every call."""
+    from keras.src.backend.tensorflow import random
+
+    return random
+
+
+def keras_random_seed(seed):
+    """The two int32 seed values Keras's TensorFlow random functions draw from `seed` (a
+    `keras.random.SeedGenerator`, which advances as it does for Keras's own draw, or an int)."""
+    random = tensorflow_random_module()
+    return random._cast_seed(random.draw_seed(seed))
+
+
 # --- Keras: data ---------------------------------------------------------------------------------------
 
 

@@ -20,8 +20,8 @@ or exported model), runs Keras's own op.
 
 from __future__ import annotations
 
-import contextlib
-import threading
+from kerasfast import _compat
+from kerasfast.training.substitution import Substitution
 
 # Queries per block: at least this many. Smaller blocks skip more of the masked half, in more and smaller
 # matmuls, but XLA's CPU compiler takes seconds over a softmax 32 wide. Measured at 128 tokens
@@ -34,11 +34,6 @@ MIN_QUERY_BLOCK = 64
 MAX_BLOCKS = 8
 # Two blocks already skip a quarter of the attention's matmuls.
 MIN_BLOCKS = 2
-
-_lock = threading.Lock()
-_active = 0  # blocks entered and not yet left
-_keras_op = None  # Keras's own function, put back when the last block is left
-
 
 def query_block(length: int) -> int:
     """Queries per block for a sequence of `length`: `MIN_QUERY_BLOCK`, or more to keep to `MAX_BLOCKS`."""
@@ -113,13 +108,29 @@ def takes_blocks(query, key, value, bias=None, mask=None, is_causal=False, flash
             and length >= MIN_BLOCKS * MIN_QUERY_BLOCK)
 
 
-@contextlib.contextmanager
+def _blocks_or_keras(keras_op):
+    """Keras's TensorFlow `dot_product_attention`, taking `causal_attention` for the calls `takes_blocks` accepts."""
+
+    def dot_product_attention(query, key, value, bias=None, mask=None, scale=None, is_causal=False,
+                              flash_attention=None, attn_logits_soft_cap=None):
+        if takes_blocks(query, key, value, bias, mask, is_causal, flash_attention, attn_logits_soft_cap):
+            return causal_attention(query, key, value, scale)
+        return keras_op(query, key, value, bias=bias, mask=mask, scale=scale, is_causal=is_causal,
+                        flash_attention=flash_attention, attn_logits_soft_cap=attn_logits_soft_cap)
+
+    return dot_product_attention
+
+
+_SUBSTITUTION = Substitution(_compat.tensorflow_nn_module, "dot_product_attention", _blocks_or_keras)
+
+
 def substituting_attention():
     """Inside the block, Keras's TensorFlow `dot_product_attention` takes
     `causal_attention` for the calls `takes_blocks` accepts.
 
     Meant for the time a tf.function is traced: the ops traced inside stay
-    in its graph, and nothing outside the block changes.
+    in its graph, and nothing outside the block changes
+    (`kerasfast.training.substitution`).
 
     Example:
 
@@ -130,39 +141,9 @@ def substituting_attention():
     >>> bool(np.allclose(blocked, keras.ops.dot_product_attention(q, q, q, is_causal=True), atol=1e-5))
     True
     """
-    global _active, _keras_op
-    from kerasfast import _compat
-
-    module = _compat.tensorflow_nn_module()
-    with _lock:
-        if _active == 0:
-            _keras_op = keras_op = module.dot_product_attention
-
-            def dot_product_attention(query, key, value, bias=None, mask=None, scale=None, is_causal=False,
-                                      flash_attention=None, attn_logits_soft_cap=None):
-                if takes_blocks(query, key, value, bias, mask, is_causal, flash_attention, attn_logits_soft_cap):
-                    return causal_attention(query, key, value, scale)
-                return keras_op(query, key, value, bias=bias, mask=mask, scale=scale, is_causal=is_causal,
-                                flash_attention=flash_attention, attn_logits_soft_cap=attn_logits_soft_cap)
-
-            module.dot_product_attention = dot_product_attention
-        _active += 1
-    try:
-        yield
-    finally:
-        with _lock:
-            _active -= 1
-            if _active == 0:
-                module.dot_product_attention, _keras_op = _keras_op, None
+    return _SUBSTITUTION.active()
 
 
 def with_causal_blocks(function):
     """`function`, whose calls run inside `substituting_attention()`: a tf.function of it traces the blocks."""
-    import functools
-
-    @functools.wraps(function)
-    def traced(*args, **kwargs):
-        with substituting_attention():
-            return function(*args, **kwargs)
-
-    return traced
+    return _SUBSTITUTION.around(function)

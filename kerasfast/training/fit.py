@@ -243,7 +243,8 @@ def fit(
             learning_rate (a number, or "find": a learning-rate range test
             on the model picks it, see `kerasfast.find_learning_rate`),
             lr_schedule, warmup_steps, intra_op_threads, inter_op_threads,
-            scale_lr.
+            scale_lr, dropout ("keras": Keras's own random stream for
+            dropout masks, where the plan would draw them from a hash).
 
     Returns:
         A `FitResult` with the Keras `History`, the plan and the throughput.

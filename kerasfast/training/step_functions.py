@@ -16,7 +16,10 @@ construction:
   never sits inside a conditional;
 - only the forward and backward pass is compiled with XLA, never the
   collective, which XLA cannot run on CPUs; there causal self-attention
-  runs in query blocks that skip its masked half (`kerasfast.training.attention`).
+  runs in query blocks that skip its masked half (`kerasfast.training.attention`);
+- with the plan's hashed dropout, dropout masks come from a counter hash in
+  one XLA-compiled loop each (`kerasfast.training.dropout`), with or without
+  XLA for the rest of the pass.
 
 Each micro-step also times how long it waits for its batch: two
 `tf.timestamp` ops around `next(iterator)`, chained by control
@@ -47,8 +50,9 @@ from __future__ import annotations
 import keras
 
 from kerasfast import _compat
-from kerasfast.plan import ATTENTION_BLOCKS, ATTENTION_KERAS, ONEDNN_BFLOAT16
+from kerasfast.plan import ATTENTION_BLOCKS, ATTENTION_KERAS, DROPOUT_HASHED, DROPOUT_KERAS, ONEDNN_BFLOAT16
 from kerasfast.training.attention import with_causal_blocks
+from kerasfast.training.dropout import with_hashed_dropout
 from kerasfast.training.precision import graph_precision
 
 
@@ -142,14 +146,18 @@ class StepFunctions:
             None: with several replicas, applied to the summed gradient.
         attention: The plan's `attention`: "causal_blocks" traces the
             XLA-compiled pass with causal self-attention in query blocks.
+        dropout: The plan's `dropout`: "hashed" traces the pass with
+            dropout masks from a counter hash.
     """
 
     def __init__(self, model, strategy, *, steps_per_execution: int, grad_accum_steps: int, jit_compile: bool,
                  micro_steps_done: int = 0, steps_per_epoch: int | None = None, optimizer=None,
                  own_train_step: bool = False, own_test_step: bool = False, precision: str = "float32",
-                 remat: str | None = None, clipnorm: float | None = None, attention: str = ATTENTION_KERAS):
+                 remat: str | None = None, clipnorm: float | None = None, attention: str = ATTENTION_KERAS,
+                 dropout: str = DROPOUT_KERAS):
         self.model = model
         self.attention = attention
+        self.dropout = dropout
         self.clipnorm = clipnorm
         self._precision = (precision, remat)
         self.strategy = strategy
@@ -205,6 +213,8 @@ class StepFunctions:
         import tensorflow as tf
 
         compute = self.model.train_step if self.own_train_step else self._forward_backward
+        if self.dropout == DROPOUT_HASHED:
+            compute = with_hashed_dropout(compute)
         if self.jit_compile:
             if self.attention == ATTENTION_BLOCKS:
                 compute = with_causal_blocks(compute)
@@ -569,7 +579,7 @@ class StepFunctions:
                         micro_steps_done=micro_steps_done, steps_per_epoch=plan.steps_per_epoch, optimizer=optimizer,
                         own_train_step=plan.train_step == "yours", own_test_step=own_test_step,
                         precision=plan.precision, remat=plan.remat, clipnorm=plan.clipnorm,
-                        attention=plan.attention)
+                        attention=plan.attention, dropout=plan.dropout)
         steps.install()
         return steps
 

@@ -293,7 +293,8 @@ def measure(model, plan, strategy, batches, functions: dict, index, *, fixed_exe
             functions[index] = StepFunctions(model, strategy, steps_per_execution=plan.steps_per_execution,
                                              grad_accum_steps=plan.grad_accum_steps, jit_compile=plan.jit_compile,
                                              optimizer=scaler, precision=plan.precision, remat=plan.remat,
-                                             clipnorm=plan.clipnorm, attention=plan.attention)
+                                             clipnorm=plan.clipnorm, attention=plan.attention,
+                                             dropout=plan.dropout)
         steps = functions[index]
         with values_restored(_own_variables(steps.optimizer, model.optimizer)):
             return _timed(steps, strategy, batches, plan.global_batch_size * plan.steps_per_execution, fixed_executions)
