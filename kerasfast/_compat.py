@@ -376,6 +376,14 @@ def tensorflow_nn_module():
     return nn
 
 
+def loss_as_compiled(function):
+    """A loss function (`keras.losses.binary_crossentropy`, a user's) as `compile(loss=...)` applies it: labels
+    and outputs brought to one rank first ((batch,) against (batch, 1)), the mean over the batch."""
+    from keras.src.losses.losses import LossFunctionWrapper
+
+    return LossFunctionWrapper(function, name=getattr(function, "__name__", None))
+
+
 def tensorflow_random_module():
     """Keras's TensorFlow `random` module: `keras.layers.Dropout` (and every layer's dropout) looks its
     `dropout` up there on every call."""

@@ -220,6 +220,22 @@ def test_single_output_declared_as_a_dict_or_list_exports(tmp_path, wrap):
         assert row.verified and row.loss == pytest.approx(expected, rel=1e-4), row
 
 
+def test_labels_of_shape_batch_for_an_output_of_one_unit_are_taken_as_fit_and_evaluate_take_them(tmp_path):
+    # The loss named by a string was called as a bare function: "target and output must have the same rank".
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 4)).astype("float32")
+    y = (x[:, 0] > 0).astype("int32")  # shape (64,), against outputs (64, 1)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, activation="sigmoid")])
+    model.compile("adam", "binary_crossentropy")
+    model.fit(x, y, epochs=1, verbose=0)
+    expected = model.evaluate(x, y, verbose=0, batch_size=len(x))
+    result = export_model(model, tmp_path / "out", formats=["keras", "saved_model"], eval_data=(x, y),
+                          measure_latency=False)
+    for row in result.rows:
+        assert row.verified and row.loss == pytest.approx(expected, rel=1e-4), row
+
+
 def test_string_model_takes_non_ascii_text_encoded_as_utf8(tmp_path):
     # One string per sample (shape ()), words outside ASCII in the vocabulary and in the data.
     keras.utils.set_random_seed(0)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import keras
 import numpy as np
 
+from kerasfast import _compat
+
 
 def classification_accuracy(outputs: np.ndarray, labels: np.ndarray) -> float | None:
     """Top-1 accuracy for class-score outputs (last dim > 1), else None.
@@ -32,9 +34,12 @@ def model_loss_fn(model):
     if loss is None or isinstance(loss, (list, tuple, dict)):
         return None
     try:
-        return keras.losses.get(loss)
+        found = keras.losses.get(loss)
     except (ValueError, TypeError):
         return None
+    # A loss named by a string or given as a function is wrapped as compile wraps it, so that labels of shape
+    # (batch,) meet outputs of shape (batch, 1) as in fit and evaluate.
+    return found if isinstance(found, keras.losses.Loss) or not callable(found) else _compat.loss_as_compiled(found)
 
 
 def loss_value(loss_fn, outputs: np.ndarray, labels: np.ndarray) -> float | None:

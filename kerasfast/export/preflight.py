@@ -571,7 +571,7 @@ def check_eval_labels(model, evaluation, loss_fn, chunk: int = 8192) -> None:
             first = tf_error_text(error)[:300]
             raise DataError(
                 f"eval_data's labels (shape {tuple(np.shape(y))}, dtype {np.asarray(y).dtype}) do not fit the model's "
-                f"loss {getattr(loss_fn, '__name__', type(loss_fn).__name__)} on outputs of shape (batch, "
+                f"loss {getattr(loss_fn, 'name', None) or getattr(loss_fn, '__name__', type(loss_fn).__name__)} on outputs of shape (batch, "
                 f"{', '.join(map(str, width))}): {first}. Pass labels as the model was trained on them (class ids "
                 f"below {width[-1] if width else '?'} for a sparse loss, one-hot rows for a categorical one)."
             ) from error
