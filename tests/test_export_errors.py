@@ -183,6 +183,22 @@ def test_op_without_tflite_builtin_fails_naming_the_op_and_keeps_previous_export
     assert "neither a custom op nor a flex op" not in capfd.readouterr().err
 
 
+def test_a_saved_model_moved_by_random_augmentation_layers_is_refused_naming_them(tmp_path):
+    # Keras's SavedModel serving function keeps RandomRotation's transform: its outputs moved by up to 0.17.
+    rng = np.random.default_rng(0)
+    x = (rng.random((64, 16, 16, 3)) * 255).astype("float32")
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((16, 16, 3))
+    hidden = keras.layers.Conv2D(8, 3, activation="relu")(keras.layers.Rescaling(1 / 255)(
+        keras.layers.RandomRotation(0.2, name="augment")(inputs)))
+    model = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Flatten()(hidden)))
+    with pytest.raises(ExportError, match=r"saved_model: outputs differ .* random augmentation layer\(s\) "
+                                          r"\['augment'\].*export the model without them"):
+        export_model(model, tmp_path / "out", formats=["saved_model"], representative_data=x,
+                     measure_latency=False)
+    assert not (tmp_path / "out").exists()
+
+
 def test_success_replaces_previous_contents(previous_export):
     # A folder holding only an earlier kerasfast export is replaced without overwrite=True.
     result = export_model(small_model(), previous_export, formats=["keras"])

@@ -587,6 +587,19 @@ def _layers(model) -> list:
     return _compat.flatten_layers(model)
 
 
+def _augmentation_hint(model) -> str:
+    """What to do about the model's random augmentation layers (`RandomFlip`, `RandomRotation`, ...), whose
+    transforms a SavedModel's serving function can apply at inference, moving its outputs; "" without any."""
+    augmenting = [layer.name for layer in _layers(model)
+                  if type(layer).__name__.startswith("Random")
+                  and any(isinstance(value, keras.random.SeedGenerator) for value in vars(layer).values())]
+    if not augmenting:
+        return ""
+    return (f" The model holds random augmentation layer(s) {augmenting}, which the exported graph can apply at "
+            "inference: export the model without them (a model from the layers after the augmentation), and "
+            "augment in the data pipeline or in a model used for training only.")
+
+
 def _layer_names(model) -> list[str]:
     return [layer.name for layer in _layers(model)]
 
@@ -668,7 +681,7 @@ def _measure(name, filename, target, predict, reference, job) -> ArtifactReport:
     if row.max_abs_diff > allowed:
         raise ExportError(
             f"{name}: outputs differ from the Keras model's by up to {row.max_abs_diff:.3g} "
-            f"(allowed {allowed:.3g}); the artifact was not kept."
+            f"(allowed {allowed:.3g}); the artifact was not kept.{_augmentation_hint(job.model)}"
         )
     row.verified = True
     if evaluation is not None:
