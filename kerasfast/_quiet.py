@@ -71,9 +71,10 @@ _CHATTER_LINES = re.compile(r"\d+ ops no flops stats due to incomplete shapes\."
 _PYTHON_CHATTER = ("eagerly has significant overhead currently",)
 # tf.function's retracing warning counts the steps of every `fit` call as one
 # function's traces (they share their code), so a process that calls `fit`
-# more than four times is warned although each call traced its steps once.
-_OWN_RETRACING = re.compile(r"calls to <function StepFunctions\.[\w.<>]+ at 0x[0-9a-f]+> triggered tf\.function "
-                            r"retracing")
+# more than four times is warned although each call traced its steps once;
+# so are the hashed dropout's functions, one per rate, dtype and rank.
+_OWN_RETRACING = re.compile(r"calls to <function (StepFunctions\.[\w.<>]+|_compiled\.<locals>\.apply_hashed_mask) "
+                            r"at 0x[0-9a-f]+> triggered tf\.function retracing")
 
 
 def verbose_requested() -> bool:

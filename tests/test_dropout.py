@@ -53,6 +53,28 @@ def test_a_noise_shape_shares_one_draw_along_its_axes_of_one():
     assert 0.3 < (out[:, 0, :] != 0).mean() < 0.7
 
 
+def test_a_spatial_dropout_of_a_batch_of_unknown_size_is_traced():
+    # Its noise shape holds the batch size as a tensor: Keras's draw takes it; a known one is hashed.
+    layer = keras.layers.SpatialDropout1D(0.5, seed=2)
+
+    def run(x):
+        with substituting_dropout():
+            return layer(x, training=True)
+
+    unknown = tf.function(run, input_signature=[tf.TensorSpec((None, 10, 4))], autograph=False)
+    for out in (unknown(tf.ones((8, 10, 4))), tf.function(run, autograph=False)(tf.ones((8, 10, 4)))):
+        out = out.numpy()
+        assert np.array_equal(out, np.broadcast_to(out[:, :1, :], out.shape))  # one draw along the steps
+
+
+def test_inputs_of_changing_shapes_are_masked_without_retracing_warnings(caplog):
+    layer = keras.layers.Dropout(0.5, seed=2)
+    for length in range(3, 12):
+        out = hashed_dropout(tf.ones((2, length)), 0.5, seed=layer.seed_generator).numpy()
+        assert out.shape == (2, length) and set(np.unique(out)) <= {0.0, 2.0}
+    assert "retracing" not in caplog.text
+
+
 def test_the_layers_seed_generator_advances_as_for_keras_own_draw():
     ours, keras_own = keras.random.SeedGenerator(7), keras.random.SeedGenerator(7)
     x = tf.ones((4, 10))

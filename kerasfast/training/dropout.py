@@ -65,17 +65,19 @@ def keep_mask(noise_shape, seed, rate: float):
     return tf.reshape(_mix(tf.bitwise.bitwise_xor(positions, key)) >= threshold, noise_shape)
 
 
-_functions = {}  # (rate, noise shape as Keras gives it) -> its XLA-compiled function
+_functions = {}  # (rate, noise shape as Keras gives it, dtype, rank) -> its XLA-compiled function
 
 
-def _compiled(rate: float, noise_shape):
-    """The XLA-compiled dropout for one rate and noise shape: XLA fuses the hash, the compare, the scaling and
-    the select (and their gradient) into single loops, which TensorFlow's kernels run as one pass each."""
+def _compiled(rate: float, noise_shape, dtype, rank):
+    """The XLA-compiled dropout for one rate and noise shape, of inputs of one dtype and rank: XLA fuses the
+    hash, the compare, the scaling and the select (and their gradient) into single loops, which TensorFlow's
+    kernels run as one pass each. One function for each, traced once (TensorFlow counts their traces together
+    as one function's retracing, which `kerasfast._quiet` keeps off the console)."""
     import tensorflow as tf
 
-    key = (rate, noise_shape)
+    key = (rate, noise_shape, dtype, rank)
     if key not in _functions:
-        def dropout(inputs, seed):
+        def apply_hashed_mask(inputs, seed):
             shape = tf.shape(inputs)
             noise = shape if noise_shape is None else tf.stack(
                 [shape[axis] if size is None else size for axis, size in enumerate(noise_shape)])
@@ -83,7 +85,8 @@ def _compiled(rate: float, noise_shape):
             scale = tf.cast(1.0 / (1.0 - rate), inputs.dtype)
             return tf.where(kept, inputs * scale, tf.zeros_like(inputs))
 
-        _functions[key] = tf.function(dropout, jit_compile=True, autograph=False)
+        # Shapes that vary from call to call (sequences of other lengths) share one trace; XLA compiles each.
+        _functions[key] = tf.function(apply_hashed_mask, jit_compile=True, autograph=False, reduce_retracing=True)
     return _functions[key]
 
 
@@ -115,7 +118,8 @@ def hashed_dropout(inputs, rate, noise_shape=None, seed=None):
         return inputs
     seed = _compat.keras_random_seed(seed)  # drawn as Keras draws it: the generator advances alike
     noise = tuple(noise_shape) if noise_shape is not None else None
-    return _compiled(float(rate), noise)(tf.convert_to_tensor(inputs), seed)
+    inputs = tf.convert_to_tensor(inputs)
+    return _compiled(float(rate), noise, inputs.dtype, inputs.shape.rank)(inputs, seed)
 
 
 def _hashed_or_keras(keras_dropout):
@@ -123,12 +127,14 @@ def _hashed_or_keras(keras_dropout):
 
     def dropout(inputs, rate, noise_shape=None, seed=None):
         shape = getattr(inputs, "shape", None)
+        # A noise shape of numbers (a spatial dropout's of an unknown batch holds a tensor: Keras's to draw).
+        plain = noise_shape is None or all(size is None or isinstance(size, int) for size in noise_shape)
         # The values the mask covers, of the dimensions known when traced (a batch of unknown size counts 1).
         known = 1
-        for axis, length in enumerate(shape if shape is not None else ()):
+        for axis, length in enumerate(shape if shape is not None and plain else ()):
             given = noise_shape[axis] if noise_shape is not None and axis < len(noise_shape) else None
             known *= (given if given is not None else length) or 1
-        if shape is not None and known <= MAX_VALUES and isinstance(rate, (int, float)):
+        if shape is not None and plain and known <= MAX_VALUES and isinstance(rate, (int, float)):
             return hashed_dropout(inputs, rate, noise_shape, seed)
         return keras_dropout(inputs, rate, noise_shape=noise_shape, seed=seed)
 
