@@ -86,8 +86,9 @@ def timed(candidates: dict, inputs, rounds: int, calls: int) -> dict:
     return results
 
 
-def print_rows(label, results):
-    base = statistics.median(results["Keras's op"][1])
+def print_rows(label, results, base_name="Keras's op"):
+    """Markdown rows of `timed`'s results, each against `base_name`'s median."""
+    base = statistics.median(results[base_name][1])
     for name, (first, times) in results.items():
         print(f"| {label} | {name} | {min(times):.1f} | {statistics.median(times):.1f} | "
               f"{base / statistics.median(times):.2f}x | {first:.2f} |", flush=True)

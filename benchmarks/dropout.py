@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-import statistics
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -33,7 +32,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from benchmarks.attention import timed  # noqa: E402
+from benchmarks.attention import print_rows, timed  # noqa: E402
 from kerasfast.recipes import load_recipe  # noqa: E402
 from kerasfast.training.dropout import with_hashed_dropout  # noqa: E402
 
@@ -63,13 +62,6 @@ def encoder_step(model, hashed: bool, jit_compile: bool):
     return tf.function(with_hashed_dropout(step) if hashed else step, jit_compile=jit_compile, autograph=False)
 
 
-def print_rows(label, results):
-    base = statistics.median(results[KERAS][1])
-    for name, (first, times) in results.items():
-        print(f"| {label} | {name} | {min(times):.1f} | {statistics.median(times):.1f} | "
-              f"{base / statistics.median(times):.2f}x | {first:.2f} |", flush=True)
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=6)
@@ -81,7 +73,7 @@ def main(argv=None):
     for jit_compile in (False, True):
         steps = {KERAS: dropout_step(False, jit_compile), HASHED: dropout_step(True, jit_compile)}
         label = f"one dropout, 64x4x128x128, {'XLA' if jit_compile else 'no XLA'}"
-        print_rows(label, timed(steps, [probabilities], args.rounds, 5))
+        print_rows(label, timed(steps, [probabilities], args.rounds, 5), KERAS)
     text = load_recipe("text_classification")
     keras.utils.set_random_seed(0)
     model = text.text_encoder(128, 10)
@@ -90,7 +82,7 @@ def main(argv=None):
     for jit_compile in (False, True):
         steps = {KERAS: encoder_step(model, False, jit_compile), HASHED: encoder_step(model, True, jit_compile)}
         label = f"text recipe's encoder, train step, {'XLA' if jit_compile else 'no XLA'}"
-        print_rows(label, timed(steps, [x, y], args.rounds, 3))
+        print_rows(label, timed(steps, [x, y], args.rounds, 3), KERAS)
 
 
 if __name__ == "__main__":
