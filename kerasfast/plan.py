@@ -912,7 +912,7 @@ def resolve_computation(hardware: Hardware, *, model: ModelFacts, data: DataFact
             reasons["steps_per_execution"] = f"your compile(steps_per_execution={spe})"
     clipnorm, reasons["clipnorm"] = _resolve_clipnorm(overrides.clipnorm)
     attention, reasons["attention"] = resolve_attention(chosen_jit, hardware, run)
-    dropout, reasons["dropout"] = resolve_dropout(overrides.dropout, hardware, model)
+    dropout, reasons["dropout"] = resolve_dropout(overrides.dropout, hardware, model, train_step)
     return Computation(train_step, precision, chosen_jit, spe, steps_per_epoch, global_batch, per_replica,
                        num_replicas, grad_accum_steps, remat, clipnorm, reasons, attention, dropout)
 
@@ -1401,7 +1401,8 @@ def resolve_attention(jit_compile: bool, hardware: Hardware, run: RunFacts) -> t
                               "1.1x); other attention as Keras runs it")
 
 
-def resolve_dropout(requested: str, hardware: Hardware, model: "ModelFacts") -> tuple[str, str]:
+def resolve_dropout(requested: str, hardware: Hardware, model: "ModelFacts",
+                    train_step: str = "kerasfast") -> tuple[str, str]:
     """Where the train step's dropout masks come from, and why: `DROPOUT_HASHED`
     (`kerasfast.training.dropout`) or `DROPOUT_KERAS`.
 
@@ -1421,6 +1422,8 @@ def resolve_dropout(requested: str, hardware: Hardware, model: "ModelFacts") -> 
         raise PlanError(f"dropout={requested!r} is not known: use one of {', '.join(map(repr, DROPOUT_CHOICES))}.")
     if requested != "auto":
         return requested, "requested"
+    if train_step == "keras":
+        return DROPOUT_KERAS, "Keras's random stream: run_eagerly=True runs Keras's own steps"
     if not model.random_layers:
         return DROPOUT_KERAS, "n/a: no dropout or other random layers"
     if hardware.accelerator != "cpu":

@@ -652,6 +652,20 @@ def test_a_backup_folder_in_use_by_another_process_is_refused_naming_it_until_th
     assert not (run_dir / "backup").exists()
 
 
+def test_a_backup_folder_the_user_made_stays_when_a_run_is_refused_and_goes_once_a_run_completes(digits, tmp_path):
+    import tensorflow as tf
+
+    (x, y), _ = digits
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    endless = tf.data.Dataset.from_tensor_slices((x.reshape(len(x), 64), y)).batch(32).repeat()
+    with pytest.raises(PlanError, match="repeats forever"):
+        kerasfast.fit(_model(), endless, **{**_OPTIONS, "run_dir": False, "backup_dir": folder})
+    assert folder.is_dir() and not list(folder.iterdir())
+    kerasfast.fit(_model(), (x.reshape(len(x), 64), y), **{**_OPTIONS, "run_dir": False, "backup_dir": folder})
+    assert not folder.exists()  # as before the lock: a completed run's backup folder is cleared
+
+
 def test_a_killed_holder_leaves_the_backup_folder_free(tmp_path):
     folder = tmp_path / "backup"
     holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(folder)], stdin=subprocess.PIPE,
@@ -662,7 +676,7 @@ def test_a_killed_holder_leaves_the_backup_folder_free(tmp_path):
     assert (folder / ".lock").is_file()
     with Backup(folder).held():
         assert str(os.getpid()) in (folder / ".lock").read_text()
-    assert not folder.exists()
+    assert not list(folder.iterdir())  # the lock file gone; the folder, made before this run, stays
 
 
 def test_one_process_holds_a_backup_folder_once_and_lets_go_of_it_whatever_ends_the_call(digits, tmp_path):

@@ -746,10 +746,13 @@ def _versioned_cache(request: _Request, sharding: _Sharding, checked: _Checked, 
     except OSError as error:
         raise DataError(f"cache={request.cache!r}: cannot make its folder {folder} ({error}); pass a prefix in a "
                         "folder you can write, or cache='memory'.") from error
-    if not os.access(folder, os.W_OK | os.X_OK):  # else TensorFlow fails at the first batch, in the iterator
+    prefix = f"{request.cache}.kf-{digest}"
+    # TensorFlow only reads a complete cache (a shared, read-only one included); it writes a new one, and
+    # fails at the first batch, inside the iterator, where it cannot.
+    if not os.path.exists(f"{prefix}.index") and not os.access(folder, os.W_OK | os.X_OK):
         raise DataError(f"cache={request.cache!r}: its folder {folder} cannot be written by this process; pass a "
                         "prefix in a folder you can write, or cache='memory'.")
-    return f"{request.cache}.kf-{digest}"
+    return prefix
 
 
 def _batch_stage(records, request: _Request):

@@ -226,6 +226,7 @@ class Backup:
         self.directory = pathlib.Path(directory)
         self.path = self.directory / STATE_FILE
         self.is_chief = is_chief
+        self._cleared = False  # the state file removed: its folder goes too once nothing else lives there
 
     def check_writable(self) -> None:
         """Refuses, before the run trains (chief only), a folder that could not be made or written at the
@@ -276,9 +277,9 @@ class Backup:
             if handle is not None:
                 handle.close()
             with contextlib.suppress(OSError):
-                self.directory.rmdir()  # only if nothing else lives there
-                for folder in made[1:]:
-                    folder.rmdir()
+                # The folders made for the lock, or the cleared backup's (a folder the user made stays).
+                for folder in made or ([self.directory] if self._cleared else []):
+                    folder.rmdir()  # only if nothing else lives there
 
     def _locked(self, lock_path: pathlib.Path):
         """The lock file, open and locked; None on a file system without locks."""
@@ -290,6 +291,10 @@ class Backup:
                 handle = open(lock_path, "a+", encoding="utf-8")  # noqa: SIM115 - held until `held` ends
             except FileNotFoundError:
                 continue  # the folder's last run removed it as it let go
+            except OSError as error:  # e.g. a lock file another user's killed run left
+                raise PlanError(f"cannot open the backup folder's lock file {lock_path} ({error.strerror or error}): "
+                                "remove it if no run uses the folder, or pass another run_dir= (or backup_dir=; "
+                                "backup_dir=False for no backup).") from error
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -415,6 +420,7 @@ class Backup:
     def clear(self) -> None:
         """Removes the state file and what a save killed half-way left beside it."""
         if self.is_chief:
+            self._cleared = True
             self.path.unlink(missing_ok=True)
             for leftover in self.directory.glob(f".tmp-*-{STATE_FILE}"):
                 leftover.unlink(missing_ok=True)

@@ -14,7 +14,8 @@ rate, in one XLA-compiled loop over the values (4.5 ms there).
 It is Keras's dropout with another random stream: the same rate (to
 2^-32), the same scaling by 1 / (1 - rate), the same seed drawn from the
 layer's `SeedGenerator` for each call (so runs stay reproducible and
-backups resume exactly), a new mask for each call, step and replica seed.
+backups resume exactly), a new mask for each call and step (replicas of a
+`MirroredStrategy` draw the same seed, and mask, as with Keras's dropout).
 The masks differ from Keras's: a model trained with them matches
 `model.fit`'s in distribution, not bit for bit (`dropout="keras"` keeps
 Keras's stream).
@@ -37,7 +38,8 @@ _GOLDEN = 0x9E3779B9
 
 
 def _mix(h):
-    """MurmurHash3's 32-bit finaliser: every input bit moves every output bit."""
+    """MurmurHash3's 32-bit finaliser: every input bit moves every output bit (one round; `keep_mask` runs two,
+    a single one left masks 4,096 and 16,384 positions apart correlated)."""
     import tensorflow as tf
 
     for shift, multiplier in ((16, 0x85EBCA6B), (13, 0xC2B2AE35)):
@@ -59,10 +61,12 @@ def keep_mask(noise_shape, seed, rate: float):
     import tensorflow as tf
 
     words = tf.bitcast(tf.cast(seed, tf.int32), tf.uint32)
-    key = _mix(words[0] * tf.constant(_GOLDEN, tf.uint32) + _mix(words[1]))
+    first_key = _mix(words[0] * tf.constant(_GOLDEN, tf.uint32) + _mix(words[1]))
+    second_key = _mix(first_key + tf.constant(_GOLDEN, tf.uint32))
     positions = tf.bitcast(tf.range(tf.reduce_prod(noise_shape), dtype=tf.int32), tf.uint32)
+    hashed = _mix(_mix(positions * tf.constant(_GOLDEN, tf.uint32) + first_key) + second_key)
     threshold = tf.constant(min(int(rate * _TWO_TO_32), 2**32 - 1), tf.uint32)
-    return tf.reshape(_mix(tf.bitwise.bitwise_xor(positions, key)) >= threshold, noise_shape)
+    return tf.reshape(hashed >= threshold, noise_shape)
 
 
 _functions = {}  # (rate, noise shape as Keras gives it, dtype, rank) -> its XLA-compiled function
@@ -126,16 +130,20 @@ def _hashed_or_keras(keras_dropout):
     """Keras's TensorFlow `dropout`, taking `hashed_dropout` for the masks one hash covers."""
 
     def dropout(inputs, rate, noise_shape=None, seed=None):
+        # Shapes known when traced but for the batch: XLA compiles the hashed mask once per shape, so a sequence
+        # length that varies (padded batches, buckets) would compile it again at each new length; a batch
+        # varies at most at an epoch's end.
         shape = getattr(inputs, "shape", None)
+        known = shape is not None and shape.rank is not None and all(size is not None for size in shape[1:])
         # A noise shape of numbers (a spatial dropout's of an unknown batch holds a tensor: Keras's to draw).
         plain = noise_shape is None or all(size is None or isinstance(size, int) for size in noise_shape)
-        # The values the mask covers, of the dimensions known when traced (a batch of unknown size counts 1).
-        known = 1
-        for axis, length in enumerate(shape if shape is not None and plain else ()):
-            given = noise_shape[axis] if noise_shape is not None and axis < len(noise_shape) else None
-            known *= (given if given is not None else length) or 1
-        if shape is not None and plain and known <= MAX_VALUES and isinstance(rate, (int, float)):
-            return hashed_dropout(inputs, rate, noise_shape, seed)
+        if known and plain and isinstance(rate, (int, float)):
+            values = 1
+            for axis, length in enumerate(shape):
+                given = noise_shape[axis] if noise_shape is not None and axis < len(noise_shape) else None
+                values *= (given if given is not None else length) or 1  # an unknown batch counts 1
+            if values <= MAX_VALUES:
+                return hashed_dropout(inputs, rate, noise_shape, seed)
         return keras_dropout(inputs, rate, noise_shape=noise_shape, seed=seed)
 
     return dropout
@@ -145,8 +153,8 @@ _SUBSTITUTION = Substitution(_compat.tensorflow_random_module, "dropout", _hashe
 
 
 def substituting_dropout():
-    """Inside the block, Keras's TensorFlow `dropout` takes `hashed_dropout` (for masks of fewer than 2^31
-    values, and a rate given as a number).
+    """Inside the block, Keras's TensorFlow `dropout` takes `hashed_dropout` (for inputs whose shape is known
+    when traced but for the batch, masks of fewer than 2^31 values, and a rate given as a number).
 
     Example:
 
