@@ -1429,7 +1429,7 @@ def resolve_dropout(requested: str, hardware: Hardware, model: "ModelFacts",
     if hardware.accelerator != "cpu":
         return DROPOUT_KERAS, f"Keras's random stream: hashed masks are measured on CPUs only, not on this {hardware.accelerator}"
     return DROPOUT_HASHED, ("masks from a counter hash of Keras's seeds, one XLA-compiled loop per dropout (measured "
-                            "on a CPU: one dropout 2.0x faster, 500x under XLA; the text recipe's encoder's train step "
+                            "on a CPU: one dropout 1.9x faster, 410x under XLA; the text recipe's encoder's train step "
                             "1.2x); same rate, scaling and seeds as Keras, another random stream (dropout='keras' keeps "
                             "Keras's)")
 
