@@ -696,3 +696,39 @@ def test_one_process_holds_a_backup_folder_once_and_lets_go_of_it_whatever_ends_
     with Backup(folder).held():  # free again in this process after a call that raised
         pass
     assert (folder / "state.npz").is_file()  # the crashed run's backup, kept for its resume
+
+
+def test_a_bfloat16_model_resumes_exactly(digits, tmp_path):
+    # NumPy stores bfloat16 (an ml_dtypes type) as raw void bytes `|V2`, which no cast turns back into numbers;
+    # EarlyStopping's best weights (saved with the backup) are bfloat16 too.
+    (x, y), _ = digits
+    x = x.reshape(len(x), 64).astype("float32")
+
+    def model():
+        keras.utils.set_random_seed(0)
+        return keras.Sequential([keras.Input((64,)), keras.layers.Dense(8, dtype="bfloat16"),
+                                 keras.layers.Dense(10, dtype="float32")])
+
+    def stopping():
+        return keras.callbacks.EarlyStopping(monitor="loss", patience=5, restore_best_weights=True)
+
+    class CrashInSecondEpoch(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if self.epoch == 1 and batch >= 5:
+                raise RuntimeError("simulated crash")
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+    options = {**_OPTIONS, "epochs": 3, "run_dir": tmp_path / "resumed"}
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        kerasfast.fit(model(), (x, y), callbacks=[stopping(), CrashInSecondEpoch()], **options)
+    resumed = model()
+    history = kerasfast.fit(resumed, (x, y), callbacks=[stopping()], **options).history
+    assert resumed.layers[0].kernel.dtype == "bfloat16"
+    whole = model()
+    uninterrupted = kerasfast.fit(whole, (x, y), callbacks=[stopping()],
+                                  **{**options, "run_dir": tmp_path / "whole"}).history
+    assert history.history["loss"] == uninterrupted.history["loss"]
+    for a, b in zip(resumed.get_weights(), whole.get_weights(), strict=True):
+        np.testing.assert_array_equal(np.asarray(a, "float32"), np.asarray(b, "float32"))

@@ -35,6 +35,8 @@ import zipfile
 import keras
 import numpy as np
 
+from numpy.lib import format as npy_format
+
 from kerasfast import _compat
 from kerasfast._atomic import replace_durably
 from kerasfast.errors import PlanError
@@ -94,6 +96,45 @@ def _callbacks_arrays_from(data) -> dict:
         found.setdefault(f"{position}:{kind}", {}).setdefault(name, {})[int(index)] = data[entry]
     return {key: {name: [values[i] for i in sorted(values)] for name, values in attributes.items()}
             for key, attributes in found.items()}
+
+
+# The state file entry naming the dtypes of entries stored as raw unsigned integers (`_storable`).
+_DTYPES_ENTRY = "dtypes"
+
+
+def _survives_npy(dtype: np.dtype) -> bool:
+    try:
+        return npy_format.descr_to_dtype(npy_format.dtype_to_descr(dtype)) == dtype
+    except (TypeError, ValueError):
+        return False
+
+
+def _storable(arrays: dict) -> dict:
+    """`arrays` as `np.savez` keeps them: the ml_dtypes types NumPy writes as raw void bytes that no cast
+    reads back (bfloat16, float8, int4: a model built with `dtype="bfloat16"`) as unsigned integers of
+    their width, their dtypes named in the `_DTYPES_ENTRY` entry."""
+    stored, dtypes = {}, {}
+    for name, value in arrays.items():
+        if not _survives_npy(value.dtype):
+            dtypes[name] = value.dtype.name
+            value = value.view(f"u{value.dtype.itemsize}")
+        stored[name] = value
+    if dtypes:
+        stored[_DTYPES_ENTRY] = np.array(json.dumps(dtypes))
+    return stored
+
+
+class _StateEntries:
+    """The arrays of an opened state file, each in the dtype it was saved from (see `_storable`)."""
+
+    def __init__(self, data):
+        self._data = data
+        self._dtypes = json.loads(str(data[_DTYPES_ENTRY])) if _DTYPES_ENTRY in data.files else {}
+        self.files = [name for name in data.files if name != _DTYPES_ENTRY]
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        value = self._data[name]
+        return value.view(np.dtype(self._dtypes[name])) if name in self._dtypes else value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -326,16 +367,17 @@ class Backup:
         """
         if not self.path.is_file():
             return None
-        with self._reading():
-            with np.load(self.path, allow_pickle=False) as data:
-                meta = json.loads(str(data["meta"]))
+        with self._entries() as data:
+            meta = json.loads(str(data["meta"]))
             return Progress(meta["epoch"], meta["step"], meta["seed"], meta["signature"], meta.get("history", {}),
                             meta.get("plan", {}), meta.get("callbacks", {}))
 
     @contextlib.contextmanager
-    def _reading(self):
+    def _entries(self):
+        """The state file's `_StateEntries`; a file that cannot be read is a `PlanError` naming the remedy."""
         try:
-            yield
+            with np.load(self.path, allow_pickle=False) as data:
+                yield _StateEntries(data)
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
             raise PlanError(
                 f"the training-state backup {self.path} cannot be read ({type(error).__name__}: {error}); it is "
@@ -354,12 +396,12 @@ class Backup:
         arrays.update(callback_arrays or {})
         self.directory.mkdir(parents=True, exist_ok=True)
         meta = np.array(json.dumps(dataclasses.asdict(progress)))
-        replace_durably(self.path, lambda temporary: np.savez(temporary, meta=meta, **arrays), keep_suffix=True)
+        replace_durably(self.path, lambda temporary: np.savez(temporary, meta=meta, **_storable(arrays)), keep_suffix=True)
 
     def callbacks_state(self, progress: Progress) -> dict:
         """What the callbacks held when the state was saved: `progress.callbacks` with their arrays
         (`callbacks_arrays`) read from the file, in `callbacks_state`'s form."""
-        with self._reading(), np.load(self.path, allow_pickle=False) as data:
+        with self._entries() as data:
             arrays = _callbacks_arrays_from(data)
         return {key: {**progress.callbacks.get(key, {}), **arrays.get(key, {})}
                 for key in {**progress.callbacks, **arrays}}
@@ -409,7 +451,7 @@ class Backup:
             )
         metric_variables = {id(v) for metric in model.metrics for v in metric.variables}
         metric_values = []
-        with self._reading(), np.load(self.path, allow_pickle=False) as data:
+        with self._entries() as data:
             for index, variable in enumerate(training_variables(model)):
                 value = data[f"v{index}"]
                 variable.assign(value)
