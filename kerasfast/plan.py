@@ -836,7 +836,10 @@ class Findings:
 
 # Choices a resumed run takes from the plan its backup recorded, unless the
 # user sets them: what kerasfast chose from measurements or the machine.
-RECORDED_CHOICES = TUNED_FIELDS
+RECORDED_CHOICES = (*TUNED_FIELDS, "dropout")
+# What a run computed before its plan had these fields: a backup whose plan
+# lacks one resumes as its run began.
+BEFORE_RECORDED = {"dropout": DROPOUT_KERAS}
 RECORDED_REASON = "as recorded by the backup this run resumes"
 
 
@@ -1034,8 +1037,9 @@ def _with_findings(overrides: Overrides, found: Findings) -> tuple[Overrides, tu
     """The overrides with what was found or recorded in them, and the
     recorded choices taken (fields the user did not set)."""
     user_set = overrides.user_set()
-    from_backup = tuple(name for name in RECORDED_CHOICES if name in found.recorded and name not in user_set)
-    taken = {name: found.recorded[name] for name in from_backup}
+    recorded = {**BEFORE_RECORDED, **found.recorded} if found.recorded else {}
+    from_backup = tuple(name for name in RECORDED_CHOICES if name in recorded and name not in user_set)
+    taken = {name: recorded[name] for name in from_backup}
     if found.batch_size is not None:
         taken["batch_size"] = found.batch_size
     if found.learning_rate is not None:

@@ -1,6 +1,8 @@
 """Dropout masks from a counter hash (`kerasfast.training.dropout`): Keras's
 dropout with another random stream, in kerasfast's train steps on a CPU."""
 
+import json
+
 import keras
 import numpy as np
 import pytest
@@ -10,7 +12,7 @@ import kerasfast
 from kerasfast import _compat
 from kerasfast.errors import PlanError
 from kerasfast.hardware import GPU, Hardware
-from kerasfast.plan import DROPOUT_HASHED, DROPOUT_KERAS, ModelFacts, resolve_dropout
+from kerasfast.plan import DROPOUT_HASHED, DROPOUT_KERAS, RECORDED_REASON, ModelFacts, resolve_dropout
 from kerasfast.training.dropout import hashed_dropout, keep_mask, substituting_dropout
 
 
@@ -223,3 +225,33 @@ def test_a_run_with_hashed_masks_resumes_exactly(tmp_path):
     assert resumed.history.history == whole.history.history
     for a, b in zip(whole.model.get_weights(), resumed.model.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def _without_recorded_dropout(state_file):
+    """The backup as a run from before the plan's `dropout` field wrote it."""
+    with np.load(state_file, allow_pickle=False) as data:
+        arrays = {name: data[name] for name in data.files}
+    meta = json.loads(str(arrays["meta"]))
+    del meta["plan"]["dropout"]
+    arrays["meta"] = np.array(json.dumps(meta))
+    np.savez(state_file, **arrays)
+
+
+def test_a_resume_keeps_the_masks_its_backup_trained_with(tmp_path):
+    # Resumed without the argument, a run keeps the stream it began with, also from a backup written before
+    # the plan recorded one (Keras's, then), instead of changing stream mid-run.
+    x, y = _tokens()
+    options = {**_FIT, "backup_every": 2, "steps_per_execution": 1}
+    whole = kerasfast.fit(_encoder(), x, y, dropout="keras", **{**options, "run_dir": tmp_path / "whole"})
+    for name in ("recorded", "older"):
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            kerasfast.fit(_encoder(), x, y, dropout="keras", callbacks=[_CrashInEpoch()],
+                          **{**options, "run_dir": tmp_path / name})
+    _without_recorded_dropout(tmp_path / "older" / "backup" / "state.npz")
+    for name in ("recorded", "older"):
+        resumed = kerasfast.fit(_encoder(), x, y, **{**options, "run_dir": tmp_path / name})
+        assert resumed.plan.dropout == DROPOUT_KERAS
+        assert resumed.plan.reasons["dropout"] == RECORDED_REASON
+        assert resumed.history.history == whole.history.history
+        for a, b in zip(whole.model.get_weights(), resumed.model.get_weights(), strict=True):
+            np.testing.assert_array_equal(a, b)
