@@ -609,6 +609,21 @@ def freeze(concrete_function):
     return convert_variables_to_constants_v2(concrete_function)
 
 
+def dataset_kinds(dataset) -> list[str]:
+    """The class names of a `tf.data.Dataset`'s stages, from it back to its sources (TensorFlow's private
+    `_inputs()`; e.g. `_MapDataset` for a sequential map, `_ParallelMapDataset`, `CacheDataset`,
+    `_PrefetchDataset`): what the pipeline does, without serializing its graph (arrays in it included)."""
+    kinds, seen, stack = [], set(), [dataset]
+    while stack:
+        stage = stack.pop()
+        if id(stage) in seen:
+            continue
+        seen.add(id(stage))
+        kinds.append(type(stage).__name__)
+        stack.extend(getattr(stage, "_inputs", lambda: [])())
+    return kinds
+
+
 def serialized_dataset_graph(dataset) -> bytes:
     """A `tf.data.Dataset`'s graph as a serialized `GraphDef` (no public accessor)."""
     return dataset._as_serialized_graph().numpy()

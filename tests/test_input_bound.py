@@ -70,3 +70,31 @@ def test_advice_never_asks_for_longer_executions_than_the_epoch():
     assert "or steps_per_execution" not in advice
     assert "steps_per_execution already spans the epoch's 12 steps" in advice
     assert "or steps_per_execution" in input_advice(0.4, "arrays", plan(4))
+
+
+def test_advice_for_a_pipeline_names_what_it_lacks():
+    import numpy as np
+
+    rows = tf.data.Dataset.from_tensor_slices(np.zeros((8, 2), "float32"))
+    bare = rows.map(tf.identity).map(tf.identity).batch(4)
+    advice = input_advice(0.4, "dataset", dataset=bare)
+    assert "to its 2 map() call(s) without it" in advice
+    assert ".cache()" in advice and ".prefetch(tf.data.AUTOTUNE)" in advice
+    tuned = rows.map(tf.identity, num_parallel_calls=tf.data.AUTOTUNE).cache().batch(4).prefetch(tf.data.AUTOTUNE)
+    advice = input_advice(0.4, "dataset", dataset=tuned)
+    assert "num_parallel_calls" not in advice and ".prefetch" not in advice and ".cache()" not in advice
+    assert "the work per element is the limit" in advice
+    assert "PyDataset workers=" in input_advice(0.4, "python")
+
+
+def test_a_slow_generator_is_advised_as_python_code(digits):
+    (x, y), _ = digits
+
+    def batches():
+        for start in range(0, 256, 64):
+            time.sleep(0.05)
+            yield x[start:start + 64], y[start:start + 64]
+
+    result = kerasfast.fit(small_convnet(), batches(), epochs=1, steps_per_execution=1, run_dir=False,
+                           loss="sparse_categorical_crossentropy", verbose=0)
+    assert "come from Python code" in result.input_report

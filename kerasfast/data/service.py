@@ -152,7 +152,7 @@ def check_servable(data_service: str, x, train_data, distribution, *, steps_per_
             "every service worker (protocol buffers stop at 2 GB) and the arrays are already in this process. "
             "Write them as TFRecords (kerasfast.data.write_tfrecords(...) or `kerasfast convert`) on storage the "
             "service workers can read and pass that folder, or drop data_service=.")
-    if train_data.source == "dataset" and not _is_tf_dataset(x):
+    if train_data.source in ("dataset", "python") and not _is_tf_dataset(x):
         raise PlanError(
             f"{where} cannot serve a {type(x).__name__}: its Python code runs in this process, and a tf.data "
             "service worker is another process. Express the pipeline in tf.data ops (e.g. "

@@ -323,7 +323,8 @@ def _result(run: Run, pruning) -> FitResult:
         history=run_history, plan=run.plan, throughput=throughput, model=run.prepared.user_model,
         train_model=run.train_model, run_dir=run.folder, data=feed.description(run),
         model_preparation=run.prepared.how, pruning=pruning,
-        input_report=input_advice(throughput.input_wait_fraction, run.train_data.source, run.plan),
+        input_report=input_advice(throughput.input_wait_fraction, run.train_data.source, run.plan,
+                                  run.train_data.dataset),
         recoveries=run.guard.recoveries, timeline=run.meter.timeline(),
     )
 

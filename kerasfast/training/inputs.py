@@ -42,7 +42,8 @@ class PreparedData:
         sample_inputs: The `x` of one batch (to build and check the model).
         description: One line for the plan and the run folder.
         sample_batch: One whole batch, as the dataset yields it.
-        source: "arrays", "tfrecords" or "dataset" (for input advice).
+        source: "arrays", "tfrecords", "dataset" (a `tf.data.Dataset`) or
+            "python" (a `PyDataset` or a generator), for input advice.
         replayable: Whether the dataset can be read again from its start;
             False for a Python generator, whose batches are read once: a
             phase before training (tuning, the learning-rate range test)
@@ -389,7 +390,7 @@ def _from_adapter(x, class_weight, shuffle, what: str) -> PreparedData:
     indexed = getattr(adapter, "py_dataset", None) is not None  # a PyDataset, not a generator
     return PreparedData(dataset, facts, sample_inputs,
                         f"{kind}, {f'{steps} batches' if steps else 'unknown length'}, batch {batch}", first,
-                        replayable=indexed, epoch_passes=indexed and steps is not None)
+                        source="python", replayable=indexed, epoch_passes=indexed and steps is not None)
 
 
 def _tfrecords(pattern: str, reading: "_Reading") -> PreparedData:

@@ -22,6 +22,8 @@ import time
 
 import keras
 
+from kerasfast import _compat
+
 # The timeline keeps between TIMELINE_POINTS and twice as many points.
 TIMELINE_POINTS = 1000
 
@@ -207,14 +209,17 @@ class ThroughputMeter(keras.callbacks.Callback):
 INPUT_OK, INPUT_BOUND = 0.05, 0.2
 
 
-def input_advice(fraction: float | None, source: str, plan=None) -> str:
+def input_advice(fraction: float | None, source: str, plan=None, dataset=None) -> str:
     """One line saying whether training waited for input, and what to do.
 
     Args:
         fraction: `Throughput.input_wait_fraction`.
-        source: "arrays", "tfrecords" or "dataset".
+        source: "arrays", "tfrecords", "dataset" (a `tf.data.Dataset`) or
+            "python" (a `PyDataset` or a generator).
         plan: The run's `Plan`, if known: advice to lengthen the executions
             is left out once they span the whole epoch (they cannot grow).
+        dataset: The user's `tf.data.Dataset` (source "dataset"), if known:
+            the advice names what its pipeline lacks.
 
     Returns:
         The line, e.g. `"not input-bound: 3% of step time waiting for input"`.
@@ -237,10 +242,32 @@ def input_advice(fraction: float | None, source: str, plan=None) -> str:
         "arrays": f"the in-memory pipeline cannot feed the model: {larger}",
         "tfrecords": "raise parallelism (num_parallel_reads / parse_parallelism), cache='memory' if the data "
                      "fits, write more shards, or use a faster disk",
-        "dataset": "add num_parallel_calls=tf.data.AUTOTUNE to its map()s, .cache() and .prefetch(tf.data.AUTOTUNE)",
+        "dataset": _dataset_tips(dataset),
+        "python": "its batches come from Python code, one at a time: give a keras.utils.PyDataset workers= (and "
+                  "use_multiprocessing=True for CPU-heavy code), or write the data as TFRecords "
+                  "(kerasfast.data.write_tfrecords) and pass the folder",
     }
     level = "input-bound" if fraction >= INPUT_BOUND else "partly input-bound"
     return f"{level}: {share}; {tips.get(source, tips['dataset'])}"
+
+
+def _dataset_tips(dataset) -> str:
+    """What would feed a `tf.data` pipeline faster: what it lacks of parallel maps, a cache and a prefetch."""
+    if dataset is None:
+        return "add num_parallel_calls=tf.data.AUTOTUNE to its map()s, .cache() and .prefetch(tf.data.AUTOTUNE)"
+    kinds = _compat.dataset_kinds(dataset)
+    tips = []
+    sequential = kinds.count("_MapDataset")
+    if sequential:
+        tips.append(f"add num_parallel_calls=tf.data.AUTOTUNE to its {sequential} map() call(s) without it")
+    if "CacheDataset" not in kinds:
+        tips.append(".cache() after its costly steps if the data fits in memory")
+    if "_PrefetchDataset" not in kinds:
+        tips.append("end it with .prefetch(tf.data.AUTOTUNE)")
+    if tips:
+        return "; ".join(tips)
+    return ("its maps run in parallel, it is cached and it prefetches: the work per element is the limit: batch() "
+            "before map() to work on whole batches, or a larger batch_size")
 
 
 def samples_counter(batch_size: int, num_samples: int | None):
