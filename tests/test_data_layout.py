@@ -49,12 +49,15 @@ def rewrite(folder, index, change):
 @pytest.fixture()
 def mixed(tmp_path):
     """Records with a fixed-width feature of every kind the layout cuts out: raw arrays of several dtypes
-    (bool, float16, a float64 scalar), one float, one small integer."""
+    (bool, int8, uint16, int64, float16, a float64 scalar), one float, one small integer."""
     rng = np.random.default_rng(0)
     columns = {
         "image": rng.integers(0, 256, (N, 4, 5, 3), dtype=np.uint8),
         "vector": rng.normal(size=(N, 7)).astype(np.float32),
         "counts": rng.integers(-30_000, 30_000, (N, 3), dtype=np.int16),
+        "signed": rng.integers(-128, 128, (N, 5), dtype=np.int8),
+        "ports": rng.integers(0, 65_536, (N, 2), dtype=np.uint16),
+        "ids": rng.integers(-2**62, 2**62, (N, 2), dtype=np.int64),
         "mask": rng.integers(0, 2, (N, 6)).astype(bool),
         "half": rng.normal(size=(N, 2)).astype(np.float16),
         "wide": rng.normal(size=N),

@@ -239,6 +239,8 @@ def _value(rows, value: _Value, feature):
         return tf.cast(tf.reshape(tf.bitcast(tf.reshape(data, [-1, 4]), tf.float32), [-1]), dtype)
     if dtype.size > 1:  # each value's stored little-endian bytes, on a little-endian machine
         data = tf.bitcast(tf.reshape(data, [-1, value.width // dtype.size, dtype.size]), dtype)
+    elif dtype != tf.uint8:  # int8: the same bytes, read as signed
+        data = tf.bitcast(data, dtype)
     values = tf.reshape(data, [-1, *feature.shape])
     return tf.cast(values, tf.bool) if feature.dtype == "bool" else values
 
