@@ -758,3 +758,55 @@ def test_a_mismatch_names_the_record_that_fixed_the_features_by_its_row_in_the_s
     row, reference = map(int, re.findall(r"row (\d)", str(caught.value)))
     said = str(caught.value).split(f"row {reference} had ")[1]
     assert said.startswith("a string" if reference == 2 else "float64") and (row == 2) != (reference == 2)
+
+
+@pytest.mark.parametrize("records, message", [
+    ([{"a": 1}, {"a": 2**63 + 5}],
+     r"record 1 feature 'a' holds 9223372036854775813, which the first record's int64 cannot hold .*TFRecord "
+     r"integers are int64, which stops at 2\*\*63 - 1: store such values as strings"),
+    ([{"a": np.int8(1)}, {"a": np.uint8(200)}],
+     r"record 1 feature 'a' holds 200, which the first record's int8 cannot hold"),
+    ([{"a": np.int32(1)}, {"a": np.uint32(3_000_000_000)}],
+     r"record 1 feature 'a' holds 3000000000, which the first record's int32 cannot hold"),
+    ([{"a": 0.5}, {"a": 2**60 + 1}],
+     r"record 1 feature 'a' holds 1152921504606846977, which the first record's float64 cannot hold \(it would be "
+     r"stored as 1\.152921504606847e\+18\) .*float64 holds integers exactly only up to 2\*\*53"),
+    ([{"a": np.zeros(2, np.float32)}, {"a": np.array([16777217, 3])}],
+     r"record 1 feature 'a' holds 16777217, which the first record's float32 cannot hold \(it would be stored as "
+     r"16777216\.0\) .*give record 0 float64"),
+    ([{"a": 1}, {"a": True}], r"record 1 feature 'a' is bool, record 0 had int64"),
+], ids=["uint64 into int64", "uint8 into int8", "uint32 into int32", "int rounded by float64",
+        "int rounded by float32", "bool among ints"])
+def test_a_value_the_first_records_dtype_would_change_is_refused(tmp_path, records, message):
+    # Each was written changed: wrapped to a negative, rounded, or True stored as 1.
+    with pytest.raises(DataError, match=message):
+        kd.write_tfrecords(iter(records), tmp_path / "out", shuffle=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_values_every_record_holds_exactly_are_written_across_dtypes(tmp_path):
+    kd.write_tfrecords(iter([{"a": 0.5, "b": np.int64(5), "c": np.float32(0.25)},
+                             {"a": 3, "b": np.uint64(7), "c": 0.1}]), tmp_path / "out", shards=1, shuffle=False,
+                       label=None)
+    got = read_everything(tmp_path / "out", label=False)
+    np.testing.assert_array_equal(got["a"], [0.5, 3.0])
+    np.testing.assert_array_equal(got["b"], [5, 7])
+    np.testing.assert_array_equal(got["c"], np.float32([0.25, 0.1]))
+
+
+@pytest.mark.parametrize("text_unit", ["line", "file"])
+def test_a_text_files_byte_order_mark_is_not_part_of_its_text(tmp_path, text_unit):
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.txt").write_bytes(b"\xef\xbb\xbffirst line\nsecond\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)  # each file is closed as it is read
+        kd.write_tfrecords(str(tmp_path / "corpus"), tmp_path / "out", shards=1, shuffle=False, text_unit=text_unit)
+    texts = list(read_everything(tmp_path / "out", label=False)["text"])
+    assert texts == ([b"first line", b"second"] if text_unit == "line" else [b"first line\nsecond\n"])
+
+
+def test_a_csv_value_float32_would_store_as_zero_is_a_bad_record(tmp_path):
+    (tmp_path / "tiny.csv").write_text("v,label\n1e-50,0\n2,1\n")
+    with pytest.raises(DataError, match=r"line 2 has 1e-50 in column 'v', beyond the range of float32 \(pass "
+                                        r"csv_dtypes=\{'v': 'float64'\}"):
+        kd.write_tfrecords(str(tmp_path / "tiny.csv"), tmp_path / "out")

@@ -17,7 +17,6 @@ import csv
 import dataclasses
 import difflib
 import glob
-import io
 import itertools
 import os
 import sys
@@ -502,6 +501,7 @@ def _parse_int(text):
 
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+FLOAT32_TINY = float(np.finfo(np.float32).smallest_subnormal)
 
 
 def _parse_float(text):
@@ -513,7 +513,11 @@ def _parse_float(text):
         with np.errstate(over="ignore"):
             if np.isinf(np.float32(value)):
                 raise OverflowError(f"{text} is beyond float32's range (largest {FLOAT32_MAX:.4g})")
-    return np.float32(value)
+    stored = np.float32(value)
+    if value != 0 and stored == 0:  # too small for float32, even as a subnormal
+        raise OverflowError(f"{text} is below float32's smallest magnitude ({FLOAT32_TINY:.4g}) and would be stored "
+                            "as 0")
+    return stored
 
 
 def _parse_float64(text):
@@ -858,16 +862,17 @@ def _text_source(files, text_unit) -> Source:
         for f in files:
             if text_unit == "file":
                 with open(f, "rb") as fh:
-                    yield f, {"text": _checked_text(f, fh.read(), 0, 1)}
+                    yield f, {"text": _checked_text(f, fh.read(), 0, 1).removeprefix(codecs.BOM_UTF8)}
                 continue
-            with open(f, "rb") as fh:
+            with open(f, "rb", buffering=1 << 20) as fh:
                 start = 0
-                for n, line in enumerate(io.BufferedReader(fh, 1 << 20), start=1):
+                for n, line in enumerate(fh, start=1):
                     # A line break is one byte in UTF-8 and never part of a longer character: each line
                     # decodes on its own.
                     _checked_text(f, line, start, n)
                     start += len(line)
-                    line = line.rstrip(b"\r\n")
+                    # An editor's byte-order mark is no text (CSV files drop it too: "utf-8-sig").
+                    line = (line.removeprefix(codecs.BOM_UTF8) if n == 1 else line).rstrip(b"\r\n")
                     if line.strip():
                         yield f"{f} line {n}", {"text": line}
 

@@ -574,20 +574,37 @@ def _unstorable(name: str, arr: np.ndarray) -> _RecordMismatch | None:
 
 def _narrowed(f: FeatureSchema, arr: np.ndarray, target: np.dtype, first: str) -> np.ndarray:
     """`arr` in the feature's dtype, that of the first record written (at `first`); refuses a value that dtype
-    cannot hold (an int8 feature given 1000 would wrap to -24, a float16 one given 1e6 would become inf), where
-    a float's rounding is the stored dtype's precision."""
+    cannot hold (an int8 feature given 1000 would wrap to -24, an int64 one given 2**63 + 5 to a negative, a
+    float16 one given 1e6 would become inf, a float32 one given the integer 16777217 would round it), where a
+    float's rounding is the stored dtype's precision."""
     with np.errstate(over="ignore", invalid="ignore"):
         cast = arr.astype(target)
-        if target.kind == "f":
+        if target.kind == "f" and arr.dtype.kind == "f":
             lost = np.isfinite(arr) & ~np.isfinite(cast)
-        else:
+        elif target.kind in "iu" and arr.dtype.kind in "iu":
+            # By range: a cast back cannot see a wrap between signed and unsigned (2**63 + 5 -> int64 -> back).
+            bounds = np.iinfo(target)
+            lost = (arr < bounds.min) | (arr > bounds.max)
+        else:  # an integer a float feature would round, a fraction an integer feature would drop
             lost = cast.astype(arr.dtype) != arr
     if np.any(lost):
         value = arr[lost].flat[0] if arr.ndim else arr.item()
+        rounded = f" (it would be stored as {cast[lost].flat[0] if arr.ndim else cast.item()})" if (
+            target.kind == "f" and arr.dtype.kind in "iu") else ""
+        if rounded:
+            exact = f"2**{np.finfo(target).nmant + 1}"
+            remedy = (f"{f.dtype} holds integers exactly only up to {exact}: " + (
+                f"give {first} float64 (np.float64(value))" if target != np.float64 else
+                "keep such integers in an integer feature of their own, or store them as strings"))
+        elif arr.dtype.kind in "iu" and int(value) > np.iinfo(np.int64).max:
+            remedy = ("TFRecord integers are int64, which stops at 2**63 - 1: store such values as strings "
+                      "(str(value)) or map them into int64's range")
+        else:
+            remedy = (f"give {first} the dtype every record fits (e.g. np.asarray(value, {arr.dtype.name!r})) or "
+                      "convert the source's values to one dtype")
         raise _RecordMismatch(
-            f"feature {f.name!r} holds {value}, which the first record's {f.dtype} cannot hold ({first} gave the "
-            f"feature that dtype); give {first} the dtype every record fits (e.g. np.asarray(value, "
-            f"{arr.dtype.name!r})) or convert the source's values to one dtype")
+            f"feature {f.name!r} holds {value}, which the first record's {f.dtype} cannot hold{rounded} ({first} "
+            f"gave the feature that dtype); {remedy}")
     return cast
 
 
@@ -708,7 +725,9 @@ class _RecordEncoder:
                                   f"records need the same shape (pad or resize them)")
         target = np.dtype(f.dtype)
         if arr.dtype != target:
-            if not np.can_cast(arr.dtype, target, casting="same_kind") or arr.dtype.kind in "USO":
+            # NumPy casts bool to numbers safely; a True among integers is a mixed column all the same.
+            if (not np.can_cast(arr.dtype, target, casting="same_kind") or arr.dtype.kind in "USO"
+                    or arr.dtype.kind == "b"):
                 raise _RecordMismatch(f"feature {f.name!r} is {arr.dtype}, {self.first} had {f.dtype}")
             arr = _narrowed(f, arr, target, self.first)
         if f.encoding == "int64":
