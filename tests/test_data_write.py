@@ -810,3 +810,10 @@ def test_a_csv_value_float32_would_store_as_zero_is_a_bad_record(tmp_path):
     with pytest.raises(DataError, match=r"line 2 has 1e-50 in column 'v', beyond the range of float32 \(pass "
                                         r"csv_dtypes=\{'v': 'float64'\}"):
         kd.write_tfrecords(str(tmp_path / "tiny.csv"), tmp_path / "out")
+
+
+@pytest.mark.parametrize("shards", [True, 0, 2.5, "3"])
+def test_a_shard_count_that_is_not_a_positive_integer_is_refused(tmp_path, shards):
+    with pytest.raises(DataError, match=re.escape(f"shards={shards!r}: pass a positive integer")):
+        kd.write_tfrecords((np.zeros((4, 2)), np.zeros(4)), tmp_path / "out", shards=shards)
+    assert not (tmp_path / "out").exists()

@@ -285,7 +285,7 @@ def _checked_arguments(compression, on_error, image_encoding, shards, prefix) ->
         raise DataError(f"on_error={on_error!r}: use 'raise' or 'skip'.")
     if image_encoding not in (None, "png", "jpeg"):
         raise DataError(f"image_encoding={image_encoding!r}: use None (raw), 'png' or 'jpeg'.")
-    if shards is not None and (not isinstance(shards, (int, np.integer)) or shards < 1):
+    if shards is not None and (not isinstance(shards, (int, np.integer)) or isinstance(shards, bool) or shards < 1):
         raise DataError(f"shards={shards!r}: pass a positive integer, or None to choose automatically.")
     if not re.fullmatch(r"[A-Za-z0-9_.]+", prefix):
         raise DataError(f"prefix={prefix!r}: use letters, digits, '_' and '.' only.")
