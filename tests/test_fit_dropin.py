@@ -1209,12 +1209,13 @@ def test_inputs_without_targets_for_a_compiled_loss_are_refused_naming_the_loss(
         np.testing.assert_array_equal(now, was)
 
 
-@pytest.mark.parametrize("data", ["arrays", "dataset"])
+@pytest.mark.parametrize("data", ["arrays", "array alone", "dataset"])
 def test_validation_data_without_targets_is_refused_before_the_first_epoch_trains(data):
     # model.fit trains the whole first epoch, then fails in the evaluation with "None values not supported".
     model = _model()
     before = [w.copy() for w in model.get_weights()]
-    validation = (X[:50],) if data == "arrays" else tf.data.Dataset.from_tensor_slices(X[:50]).batch(25)
+    validation = {"arrays": lambda: (X[:50],), "array alone": lambda: X[:50],
+                  "dataset": lambda: tf.data.Dataset.from_tensor_slices(X[:50]).batch(25)}[data]()
     with pytest.raises(kerasfast.DataError, match=r"^validation_data holds inputs only .*pass validation_data=\(x, y\)"):
         kerasfast.fit(model, X, Y, epochs=1, batch_size=20, validation_data=validation, tune="off", run_dir=False,
                       verbose=0)
@@ -1242,11 +1243,16 @@ _VALIDATION_WIDTH = r"validation_data has inputs of shape \('batch', 5\) but mod
      r"validation_data: the arrays disagree on the number of samples \(x has 100 rows, y has 50 rows\)"),
     (lambda: (X, Y, np.ones(10)), r"validation_data: .*sample_weight has 10 rows"),
     (lambda: (X, np.array(["a"] * len(X))), r"validation_data: y holds strings"),
+    (lambda: (X, Y + 2),
+     r"validation_data's y holds label \d at sample \d+ \(\d+ sample\(s\) in all hold labels out of range\), but the "
+     r"model's output has 3 classes"),
+    (lambda: (np.where(X > 1.5, np.nan, X), Y),
+     r"validation_data\[0\] holds NaN at sample \d+.* that makes the validation loss and metrics NaN"),
     (lambda: tf.data.Dataset.from_tensor_slices((X[:, :5], Y)).batch(16), _VALIDATION_WIDTH),
     (lambda: tf.data.Dataset.from_tensor_slices((X, Y)),
      r"validation_data yields single samples of shape \(6,\), .* batch the data"),
-], ids=["width", "width_list", "lengths", "sample_weight_length", "string_labels", "dataset_width",
-        "dataset_unbatched"])
+], ids=["width", "width_list", "lengths", "sample_weight_length", "string_labels", "labels_out_of_range", "nan",
+        "dataset_width", "dataset_unbatched"])
 def test_validation_data_that_cannot_work_is_refused_before_any_step(validation_data, message):
     """The training data's checks and messages, naming validation_data, before training
     (Keras raises its own ValueError only after the first epoch has trained)."""

@@ -90,15 +90,29 @@ def labels_checked(y):
         if found is None:
             raise
         label, classes = int(found.group(1)), int(found.group(2))
-        where = f"the data holds label {label}"
-        if isinstance(y, np.ndarray) and np.issubdtype(y.dtype, np.integer) and y.ndim:
-            rows = y.reshape(len(y), -1)
-            outside = (rows < 0) | (rows >= classes)
-            bad = np.flatnonzero(outside.any(axis=1))
-            if len(bad):
-                where = (f"y holds label {rows[bad[0]][outside[bad[0]]][0]} at sample {bad[0]} ({len(bad)} sample(s) "
-                         "in all hold labels out of range)")
-        raise DataError(
-            f"{where}, but the model's output has {classes} classes, so labels must lie in 0..{classes - 1}. "
-            "Shift labels that start at 1 (y - 1), or give the output layer as many units as there are "
-            "classes.") from error
+        where = labels_outside(y, classes) or f"the data holds label {label}"
+        raise labels_out_of_range(where, classes) from error
+
+
+def labels_outside(y, classes: int, what: str = "y", ignore_class=None) -> str | None:
+    """Where the array `y` holds sparse labels outside `0..classes - 1` ("y holds label 7 at sample 3 (...)"),
+    or None when it holds none (or is not an array of numbers)."""
+    if not isinstance(y, np.ndarray) or not np.issubdtype(y.dtype, np.number) or not y.ndim:
+        return None
+    rows = y.reshape(len(y), -1)
+    outside = (rows < 0) | (rows >= classes)
+    if ignore_class is not None:
+        outside &= rows != ignore_class
+    bad = np.flatnonzero(outside.any(axis=1))
+    if not len(bad):
+        return None
+    label = rows[bad[0]][outside[bad[0]]][0]
+    label = int(label) if float(label).is_integer() else label
+    return f"{what} holds label {label} at sample {bad[0]} ({len(bad)} sample(s) in all hold labels out of range)"
+
+
+def labels_out_of_range(where: str, classes: int) -> DataError:
+    return DataError(
+        f"{where}, but the model's output has {classes} classes, so labels must lie in 0..{classes - 1}. "
+        "Shift labels that start at 1 (y - 1), or give the output layer as many units as there are "
+        "classes.")

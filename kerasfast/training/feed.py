@@ -49,6 +49,9 @@ def prepare(run: Run, batch_size: int | None) -> None:
         arrays = feed.x.arrays() if isinstance(feed.x, ray_train.RayShard) else (feed.x, feed.y, feed.sample_weight)
         for what, value in zip(("x", "y", "sample_weight"), arrays, strict=True):
             check_finite(value, what)
+        if isinstance(feed.validation_data, (tuple, list)):  # arrays as (x, y[, sample_weight])
+            for index, value in enumerate(feed.validation_data):
+                check_finite(value, f"validation_data[{index}]")
     with damage_named(feed.x, feed.validation_data):
         if isinstance(feed.x, ray_train.RayShard):
             run.train_data = feed.x.prepared(batch_size, run.distribution.cluster.num_workers, shuffle=feed.shuffle,

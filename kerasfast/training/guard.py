@@ -108,11 +108,14 @@ def check_finite(structure, what: str = "x") -> None:
         kind = "NaN" if np.isnan(value) else "an infinite value"
         count = int((~finite).reshape(len(array), -1).any(axis=1).sum()) if array.ndim else 1
         position = f"sample {index[0]}" + (f", position {tuple(int(i) for i in index[1:])}" if len(index) > 1 else "")
+        validating = what.startswith("validation_data")
+        harm = "the validation loss and metrics" if validating else "the loss, and with it the weights,"
         raise DataError(
             f"{path} holds {kind} at {position} ({count} sample(s) in all hold non-finite values); in most models "
-            "that makes the loss, and with it the weights, NaN. Drop or fill those samples (e.g. np.nan_to_num, or "
+            f"that makes {harm} NaN. Drop or fill those samples (e.g. np.nan_to_num, or "
             "x[np.isfinite(x).all(axis=1)]) before fit; if your model handles missing values itself (e.g. a first "
-            "layer that fills NaN), pass on_nan='ignore' to train on them as model.fit does."
+            f"layer that fills NaN), pass on_nan='ignore' to {'validate' if validating else 'train'} on them as "
+            "model.fit does."
         )
 
 

@@ -173,6 +173,8 @@ def _check_validation_targets(run: Run) -> None:
         check_targets(run.train_model, validation.element_spec, "validation_data")
     elif isinstance(validation, (tuple, list)):
         check_targets(run.train_model, tuple(validation), "validation_data")
+    elif validation is not None and _compat.can_convert_arrays(validation):  # validation_data=x_val: no targets
+        check_targets(run.train_model, (validation,), "validation_data")
 
 
 def _build_state(run: Run) -> None:
