@@ -1037,16 +1037,55 @@ def test_a_callback_setting_the_rate_through_other_code_gets_a_constant_rate(cal
 MODEL_OF_LAMBDA = []
 
 
-def test_a_callback_whose_code_cannot_be_read_setting_the_rate_is_named_with_the_fix():
+def test_a_callback_whose_code_cannot_be_read_setting_the_rate_is_named_with_the_fix(tmp_path):
     namespace = {"keras": keras}
-    exec("class Unreadable(keras.callbacks.Callback):\n"  # no source file: its code cannot be read
-         "    def on_epoch_end(self, epoch, logs=None):\n"
-         "        self.model.optimizer.learning_rate = 1e-4\n", namespace)
-    with pytest.raises(kerasfast.PlanError, match=r"Unreadable set optimizer.learning_rate, but the run's learning "
+    # No source file, so its code cannot be read; a method's object need not be called `self`.
+    exec("class Unreadable(keras.callbacks.Callback):\n"
+         "    def on_epoch_end(s, epoch, logs=None):\n"
+         "        s.model.optimizer.learning_rate = 1e-4\n", namespace)
+    options = dict(loss="sparse_categorical_crossentropy", batch_size=20, epochs=2, run_dir=tmp_path, verbose=0)
+    model = _uncompiled()
+    with pytest.raises(kerasfast.PlanError, match=r"^Unreadable set optimizer.learning_rate, but the run's learning "
                                                   r"rate is the planned schedule lr_schedule='warmup_cosine'.*"
                                                   r"lr_schedule='constant'"):
-        kerasfast.fit(_uncompiled(), X, Y, loss="sparse_categorical_crossentropy", batch_size=20, epochs=2,
-                      callbacks=[namespace["Unreadable"]()], run_dir=False, verbose=0)
+        kerasfast.fit(model, X, Y, callbacks=[namespace["Unreadable"]()], **options)
+    # The fix the message names works at once: the backup of the epoch trained with the schedule is gone.
+    assert not (tmp_path / "backup").exists()
+    result = kerasfast.fit(model, X, Y, callbacks=[namespace["Unreadable"]()], lr_schedule="constant", **options)
+    assert len(result.history.history["loss"]) == 2
+    assert float(model.optimizer.learning_rate) == pytest.approx(1e-4)
+
+
+@pytest.mark.parametrize("run_dir", ["given", "default"])
+def test_a_call_that_fails_before_its_first_update_leaves_no_run_folder(tmp_path, monkeypatch, run_dir):
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "run" if run_dir == "given" else None
+    model = _model()
+    with pytest.raises(RuntimeError, match="not today"):
+        kerasfast.fit(model, X, Y, batch_size=20, epochs=2, run_dir=folder, verbose=0, callbacks=[_FailsAtStart()])
+    assert int(model.optimizer.iterations) == 0
+    assert list(tmp_path.rglob("*")) == []
+    # Labels outside the output's classes are refused before the folder is made.
+    with pytest.raises(kerasfast.DataError, match=r"^y holds label [5-7] at sample 0 \(\d+ sample\(s\) in all hold labels "
+                                                  r"out of range\), but the model's output has 3 classes"):
+        kerasfast.fit(model, X, Y + 5, batch_size=20, epochs=2, run_dir=folder, verbose=0)
+    assert list(tmp_path.rglob("*")) == []
+    # Once an update was made, the folder is the run's record (and its backup).
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        kerasfast.fit(model, X, Y, batch_size=20, epochs=2, run_dir=folder, verbose=0, backup_every=2,
+                      steps_per_execution=1, callbacks=[_CrashesAtBatch()])
+    assert any(path.name == "plan.json" for path in tmp_path.rglob("*"))
+
+
+class _FailsAtStart(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        raise RuntimeError("not today")
+
+
+class _CrashesAtBatch(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == 3:
+            raise RuntimeError("simulated crash")
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["kerasfast's optimizer", "a constant rate of the user's"])

@@ -268,6 +268,7 @@ class Backup:
         self.path = self.directory / STATE_FILE
         self.is_chief = is_chief
         self._cleared = False  # the state file removed: its folder goes too once nothing else lives there
+        self.made: list[pathlib.Path] = []  # the folders `held` made for the lock (this folder, new parents)
 
     def check_writable(self) -> None:
         """Refuses, before the run trains (chief only), a folder that could not be made or written at the
@@ -303,6 +304,7 @@ class Backup:
             return
         lock_path = self.directory / LOCK_FILE
         made = list(itertools.takewhile(lambda path: not path.exists(), (self.directory, *self.directory.parents)))
+        self.made = made
         handle = self._locked(lock_path)
         try:
             if handle is not None:

@@ -189,15 +189,19 @@ def progress_bars(plan, callbacks, verbose, steps_done) -> list:
 
 
 @contextlib.contextmanager
-def rate_setting_errors(plan):
+def rate_setting_errors(plan, backup=None):
     """Keras's TypeError for a callback setting a rate that is a schedule, as
     a `PlanError` naming the callback and the fix: a callback whose code
-    `learning_rate_callbacks` could not read (or reach) sets it."""
+    `learning_rate_callbacks` could not read (or reach) sets it. The run's
+    `backup` is cleared: the fix changes what training computes, so the
+    backup of the epochs trained so far could only refuse it."""
     try:
         yield
     except TypeError as error:
         if "not settable" not in str(error):
             raise
+        if backup is not None:
+            backup.clear()
         who = _callback_in(error.__traceback__) or "a callback"
         if plan.lr_schedule == "optimizer's own":
             fix = "your optimizer's learning rate is a schedule, which Keras cannot set: compile with a constant rate"
@@ -211,7 +215,9 @@ def _callback_in(traceback) -> str | None:
     """The class name of the innermost callback among a traceback's frames."""
     found = None
     while traceback is not None:
-        owner = traceback.tb_frame.f_locals.get("self")
+        code = traceback.tb_frame.f_code
+        # The method's own object, whatever its first parameter is called (`self`, `s`, ...).
+        owner = traceback.tb_frame.f_locals.get(code.co_varnames[0]) if code.co_argcount else None
         if isinstance(owner, keras.callbacks.Callback) and not type(owner).__module__.startswith("kerasfast."):
             found = type(owner).__name__
         traceback = traceback.tb_next

@@ -632,17 +632,23 @@ def check_validation_data(validation_data, model=None) -> None:
         x, y, sample_weight = (_arrays(part) if part is not None else None for part in (x, y, sample_weight))
         _check_not_strings(y, "y", what)
         _num_samples(x, y, sample_weight, what)
-        _check_sparse_labels(model, y, what)
+        check_sparse_labels(model, y, f"{what}'s y")
         sample_inputs = x
     if isinstance(model, keras.Model) and not any(
             _compat.overridden_step(model, method) for method in ("train_step", "test_step")):
         check_inputs_match(model, sample_inputs, what)
 
 
-def _check_sparse_labels(model, y, what: str) -> None:
+def check_sparse_labels(model, y, name: str = "y") -> None:
     """Refuses array labels outside the classes of a model compiled with a sparse categorical loss on one
-    output of known width, which TensorFlow reports only when a step meets them (for validation data, after
-    the first epoch has trained)."""
+    output of known width, which TensorFlow reports only when a step meets them (after updates on the
+    batches before it; for validation data, after the first epoch has trained).
+
+    Args:
+        model: The compiled model.
+        y: The labels; anything but an array of numbers is not checked.
+        name: How the message names them ("y", "validation_data's y").
+    """
     import keras
 
     from kerasfast.training.data_errors import labels_out_of_range, labels_outside
@@ -654,7 +660,7 @@ def _check_sparse_labels(model, y, what: str) -> None:
     if not sparse or len(outputs) != 1 or not isinstance(outputs[0].shape[-1], int):
         return
     classes = outputs[0].shape[-1]
-    where = labels_outside(y, classes, f"{what}'s y", getattr(loss, "ignore_class", None))
+    where = labels_outside(y, classes, name, getattr(loss, "ignore_class", None))
     if where is not None:
         raise labels_out_of_range(where, classes)
 

@@ -11,7 +11,7 @@ from kerasfast import _compat
 from kerasfast.distribute.strategy import scope_of
 from kerasfast.errors import PlanError
 from kerasfast.training import facts, optimizers
-from kerasfast.training.inputs import check_inputs_match, check_targets, check_validation_data
+from kerasfast.training.inputs import check_inputs_match, check_sparse_labels, check_targets, check_validation_data
 from kerasfast.training.models import copy_optimizer_state, prepare_model
 from kerasfast.training.run import Run
 
@@ -189,6 +189,7 @@ def _build_state(run: Run) -> None:
         return
     if run.model_facts.custom_train_step is None:
         check_targets(model, run.train_data.sample_batch)
+        check_sparse_labels(model, run.feed.y)
         _check_validation_targets(run)
         _compat.build_state(model, run.train_data.sample_batch)
         return

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import pathlib
 import shutil
 import tempfile
@@ -38,23 +39,57 @@ def open_run_folder(run: Run, cleanup) -> None:
     args, distribution = run.args, run.distribution
     if args.run_dir is False:
         return
-    if distribution.is_chief:
-        folder = pathlib.Path(args.run_dir) if args.run_dir is not None else new_run_dir(DEFAULT_ROOT)
-    else:
+    made = []  # the folders this call makes (the backup's lock made and removes its own)
+    if not distribution.is_chief:
         folder = pathlib.Path(tempfile.mkdtemp(prefix=f"kerasfast-worker{distribution.cluster.index}-"))
         cleanup.callback(shutil.rmtree, folder, ignore_errors=True)
+    elif args.run_dir is None:
+        root = pathlib.Path(DEFAULT_ROOT)
+        made = [] if root.exists() else [root]
+        folder = new_run_dir(root)
+        made.insert(0, folder)
+    else:
+        folder = pathlib.Path(args.run_dir)
+        made = list(itertools.takewhile(lambda path: not path.exists(), (folder, *folder.parents)))
+        if run.backup is not None and folder in run.backup.made:
+            made = [folder]
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise PlanError(f"cannot make the run folder {folder}: {error.strerror or error}. Pass a run_dir= you can "
                         "write, or run_dir=False for no run folder.") from error
     run.folder = folder
-    write_json(folder / "plan.json", {**run.plan.to_dict(), "hardware": run.hardware.to_dict()})
+    written = [folder / "plan.json"]
+    write_json(written[0], {**run.plan.to_dict(), "hardware": run.hardware.to_dict()})
     if run.rate_finding is not None and distribution.is_chief:
         from kerasfast.training.lr_finder import plot_finding
 
-        plot_finding(run.rate_finding, folder / "lr_find.png")
-        write_json(folder / "lr_find.json", run.rate_finding.summary())
+        written += [folder / "lr_find.png", folder / "lr_find.json"]
+        plot_finding(run.rate_finding, written[1])
+        write_json(written[2], run.rate_finding.summary())
+    if made:
+        cleanup.push(_removed_unless_trained(run, written, made))
+
+
+def _removed_unless_trained(run: Run, written: list, made: list):
+    """An exit callback for `fit`'s block: when the call raises before its first update, the files it wrote
+    and the folders it `made` are removed (a folder only if nothing else lives in it: the backup's lock
+    removes its own after), so a call that failed at its start (a callback's error) leaves no run folder
+    behind; once an update was made, the folder is the run's record."""
+    optimizer = run.train_model.optimizer
+    updates_before = int(optimizer.iterations) if optimizer is not None else None
+
+    def on_exit(error_type, error, traceback) -> bool:
+        if error_type is None or updates_before is None or int(optimizer.iterations) != updates_before:
+            return False
+        for path in written:
+            path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            for folder in made:
+                folder.rmdir()  # only if nothing else lives there
+        return False  # the error goes on
+
+    return on_exit
 
 
 def train(run: Run, rate_control) -> None:
@@ -77,7 +112,7 @@ def train(run: Run, rate_control) -> None:
         run.guard = DivergenceGuard(**run.args.divergence, snapshot_every_steps=run.args.backup_every,
                                     grad_accum_steps=plan.grad_accum_steps, learning_rate=rate_control,
                                     variables=lambda: training_variables(model), is_chief=run.is_chief)
-        with scope_of(run.strategy), rate_setting_errors(plan), \
+        with scope_of(run.strategy), rate_setting_errors(plan, run.backup), \
                 errors_naming_the_data(run.feed.x, run.feed.y, run.feed.validation_data, run.feed.validation_steps):
             verbose = run.args.verbose if run.is_chief else 0
             run.history = run_epochs(
