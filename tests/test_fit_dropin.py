@@ -1285,12 +1285,15 @@ _VALIDATION_WIDTH = r"validation_data has inputs of shape \('batch', 5\) but mod
     (lambda: (X, Y + 2),
      r"validation_data's y holds label \d at sample \d+ \(\d+ sample\(s\) in all hold labels out of range\), but the "
      r"model's output has 3 classes"),
+    (lambda: (X, keras.utils.to_categorical(Y, 3)),
+     r"validation_data's y is one-hot \(shape \(\d+, 3\), one 1 per row\), but .* pass y\.argmax\(axis=1\), or compile "
+     r"with loss='categorical_crossentropy'"),
     (lambda: (np.where(X > 1.5, np.nan, X), Y),
      r"validation_data\[0\] holds NaN at sample \d+.* that makes the validation loss and metrics NaN"),
     (lambda: tf.data.Dataset.from_tensor_slices((X[:, :5], Y)).batch(16), _VALIDATION_WIDTH),
     (lambda: tf.data.Dataset.from_tensor_slices((X, Y)),
      r"validation_data yields single samples of shape \(6,\), .* batch the data"),
-], ids=["width", "width_list", "lengths", "sample_weight_length", "string_labels", "labels_out_of_range", "nan",
+], ids=["width", "width_list", "lengths", "sample_weight_length", "string_labels", "labels_out_of_range", "one_hot", "nan",
         "dataset_width", "dataset_unbatched"])
 def test_validation_data_that_cannot_work_is_refused_before_any_step(validation_data, message):
     """The training data's checks and messages, naming validation_data, before training
