@@ -678,3 +678,18 @@ def test_record_keys_that_become_one_feature_name_are_refused(tmp_path):
     with pytest.raises(DataError, match=r"keys \[0, '0'\] all become the feature name\(s\) \['0'\]"):
         kd.write_tfrecords(iter([{0: 1.0, "0": 2.0, "label": 0}]), tmp_path / "out", shards=1)
     assert not (tmp_path / "out").exists()
+
+
+def test_shards_in_the_folder_that_schema_json_does_not_list_are_named(tmp_path):
+    # An edited (or older) schema.json listing 2 of 4 shards read half the records, and check_tfrecords passed.
+    kd.write_tfrecords((np.zeros((40, 2), "float32"), np.arange(40) % 3), tmp_path / "data", shards=4)
+    schema_path = tmp_path / "data" / "schema.json"
+    schema = json.loads(schema_path.read_text())
+    schema["shards"] = schema["shards"][:2]
+    schema["num_records"] = sum(shard["num_records"] for shard in schema["shards"])
+    schema_path.write_text(json.dumps(schema))
+    pattern = r"2 TFRecord file\(s\) in .* are not listed in .*schema\.json and are not read: data-00002-of-00004"
+    with pytest.warns(UserWarning, match=pattern):
+        kd.tfrecord_dataset(tmp_path / "data", batch_size=8)
+    with pytest.warns(UserWarning, match=pattern):
+        kd.check_tfrecords(tmp_path / "data")

@@ -6,6 +6,7 @@ import dataclasses
 import glob
 import json
 import os
+import warnings
 from typing import Any, Mapping, Sequence
 
 from kerasfast.data.schema import SCHEMA_FILENAME, Schema, check_shard_name, schema_from_feature_spec
@@ -141,6 +142,21 @@ def resolve_files(
     return ResolvedFiles(files, dataset.schema, dataset.schema_path, expected)
 
 
+def _warn_unlisted(folder: str, files: list, schema_path: str) -> None:
+    """Warns of TFRecord files in a dataset's folder that its schema.json does not list, which are not read:
+    `write_tfrecords` lists every shard it writes and removes the old ones, so they come from an edited or
+    older schema.json, or were copied in (the records they hold would otherwise be left out without a word)."""
+    listed = {os.path.abspath(f) for f in files}
+    unlisted = sorted({f for g in TFRECORD_GLOBS for f in glob.glob(os.path.join(glob.escape(folder), g))
+                       if os.path.abspath(f) not in listed})
+    if unlisted:
+        warnings.warn(
+            f"{len(unlisted)} TFRecord file(s) in {folder} are not listed in {schema_path} and are not read: "
+            f"{', '.join(os.path.basename(f) for f in unlisted[:3])}{' ...' if len(unlisted) > 3 else ''}. "
+            "schema.json was edited or is from another write, or the files were copied in: re-run the conversion "
+            "to read every record, or move the files out.", UserWarning, stacklevel=3)
+
+
 def _shown(files: Sequence[str]) -> str:
     return files[0] if len(files) == 1 else f"{files[0]} (and {len(files) - 1} more)"
 
@@ -172,6 +188,7 @@ def _expand(path_or_pattern: Any) -> list:
                     f"shard {missing[0]} listed in {dataset.schema_path} is missing ({len(missing)} of {len(files)} "
                     f"missing); re-copy the folder or re-run the conversion."
                 )
+            _warn_unlisted(path, files, dataset.schema_path)
             return files
         files = sorted({f for g in TFRECORD_GLOBS for f in glob.glob(os.path.join(glob.escape(path), g))})
         if not files:
