@@ -1,5 +1,6 @@
 """write_tfrecords: every source kind, shards, schema, atomic and repeated writes, CLI."""
 
+import decimal
 import json
 import os
 import re
@@ -816,4 +817,20 @@ def test_a_csv_value_float32_would_store_as_zero_is_a_bad_record(tmp_path):
 def test_a_shard_count_that_is_not_a_positive_integer_is_refused(tmp_path, shards):
     with pytest.raises(DataError, match=re.escape(f"shards={shards!r}: pass a positive integer")):
         kd.write_tfrecords((np.zeros((4, 2)), np.zeros(4)), tmp_path / "out", shards=shards)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("column, shown", [
+    (lambda: pd.date_range("2020", periods=4, tz="UTC"), r"is a Timestamp \(2020-01-0\d 00:00:00\+00:00\)"),
+    (lambda: pd.date_range("2020", periods=4), r"is datetime64\[\w+\] \(dates or durations\)"),
+    (lambda: pd.to_timedelta([1, 2, 3, 4], unit="s"), r"is timedelta64\[\w+\] \(dates or durations\)"),
+    (lambda: pd.period_range("2020", periods=4, freq="D"), r"is a Period \(2020-01-0\d\)"),
+    (lambda: [decimal.Decimal("1.5")] * 4, r"is a Decimal \(1\.5\)"),
+], ids=["tz-aware", "datetime64", "timedelta64", "period", "decimal"])
+def test_dates_durations_and_decimals_are_named_with_their_conversion(tmp_path, column, shown):
+    # They were "a object array of shape ()" or "dtype datetime64[us] cannot be stored raw", naming no row.
+    frame = pd.DataFrame({"when": column(), "label": [0, 1, 0, 1]})
+    with pytest.raises(DataError, match=r"row \d feature 'when' " + shown + r", which a feature cannot hold: store it "
+                                        r"as a number \(a DataFrame column: df\['when'\]\.astype\('int64'\)"):
+        kd.write_tfrecords(frame, tmp_path / "out")
     assert not (tmp_path / "out").exists()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import decimal
 import glob
 import json
 import math
@@ -554,16 +556,29 @@ class _RecordMismatch(Exception):
 _NUMPY_INT_RANGE = (-2**63, 2**64 - 1)
 
 
+def _time_remedy(name: str) -> str:
+    return (f"store it as a number (a DataFrame column: df[{name!r}].astype('int64'), nanoseconds since 1970 for "
+            f"dates; float(value) for a Decimal) or as a string (df[{name!r}].astype(str), str(value))")
+
+
 def _unstorable(name: str, arr: np.ndarray) -> _RecordMismatch | None:
     """Why feature `name`'s value cannot be stored whatever the other records hold, where NumPy found no
     dtype for it (`arr` is an object array): it is (or holds) None, a missing value, or a Python integer
-    beyond int64's range. None when neither: the caller's own message names the type."""
+    beyond int64's range, or dates, times or decimals. None when none of these: the caller's
+    own message names the type."""
+    if arr.dtype.kind in "mM":  # NumPy dates and durations (a DataFrame's datetime64 / timedelta64 column)
+        return _RecordMismatch(f"feature {name!r} is {arr.dtype} (dates or durations), which a feature cannot "
+                               f"hold: {_time_remedy(name)}")
     for index, value in np.ndenumerate(arr):
         is_ = "is" if arr.ndim == 0 else "holds"
         at = "" if arr.ndim == 0 else f" at index {index[0] if len(index) == 1 else index}"
         if value is None:
             return _RecordMismatch(f"feature {name!r} {is_} None (a missing value){at}, which a feature cannot "
                                    f"hold: fill it (e.g. with NaN or 0 for a number, '' for a string)")
+        if isinstance(value, (datetime.date, datetime.time, datetime.timedelta, np.datetime64, np.timedelta64,
+                              decimal.Decimal)) or type(value).__name__ == "Period":  # pandas, not imported here
+            return _RecordMismatch(f"feature {name!r} {is_} a {type(value).__name__} ({value}){at}, which a feature "
+                                   f"cannot hold: {_time_remedy(name)}")
         if isinstance(value, int) and not _NUMPY_INT_RANGE[0] <= value <= _NUMPY_INT_RANGE[1]:
             return _RecordMismatch(f"feature {name!r} {is_} {value}{at}, an integer beyond int64's range (-2**63 to "
                                    f"2**63-1), which a feature cannot hold: store the feature as a float "
@@ -672,7 +687,7 @@ class _RecordEncoder:
         if isinstance(value, (str, bytes)):
             return FeatureSchema(name, "string", (), "bytes")
         arr = _as_array(name, value, DataError, location)
-        if arr.dtype.kind == "O" and (unstorable := _unstorable(name, arr)) is not None:
+        if arr.dtype.kind in "OmM" and (unstorable := _unstorable(name, arr)) is not None:
             raise unstorable  # a bad record (None, say), which on_error="skip" leaves out; the next one is first
         if arr.dtype.kind in "USO":
             if arr.ndim == 0 and arr.dtype.kind in "US":
@@ -718,7 +733,7 @@ class _RecordEncoder:
         if f.encoding == "bytes":
             return tf.train.Feature(bytes_list=tf.train.BytesList(value=[self._string(f, value)]))
         arr = _as_array(f.name, value, _RecordMismatch)
-        if arr.dtype.kind == "O" and (unstorable := _unstorable(f.name, arr)) is not None:
+        if arr.dtype.kind in "OmM" and (unstorable := _unstorable(f.name, arr)) is not None:
             raise unstorable
         if arr.shape != f.shape:
             raise _RecordMismatch(f"feature {f.name!r} has shape {arr.shape}, {self.first} had {f.shape}; all "
