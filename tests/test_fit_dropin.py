@@ -1407,3 +1407,18 @@ def test_validation_data_that_repeats_forever_needs_validation_steps():
     result = kerasfast.fit(_model(), X, Y, batch_size=16, epochs=1, validation_data=endless, validation_steps=2,
                            run_dir=False, verbose=0, tune="off")
     assert len(result.history.history["val_loss"]) == 1
+
+
+def test_arrays_that_fit_a_multi_input_model_only_in_another_order_are_named_with_that_order():
+    # The message asked for a reshape that could not work ("x.reshape(-1, 6)") for two swapped arrays.
+    a, b = keras.Input((6,), name="a"), keras.Input((4,), name="b")
+    model = keras.Model([a, b], keras.layers.Dense(1, activation="sigmoid")(keras.layers.Concatenate()([a, b])))
+    model.compile("adam", "binary_crossentropy")
+    xa, xb, y = np.zeros((64, 6), "float32"), np.zeros((64, 4), "float32"), np.zeros(64, "float32")
+    with pytest.raises(kerasfast.DataError, match=r"^data's arrays fit model '\w+''s inputs only in another order: "
+                                                  r"'a' \('batch', 6\) <- your array 1, 'b' \('batch', 4\) <- your "
+                                                  r"array 0\. Pass them in the model's order \('a', 'b'\), or as a "
+                                                  r"dict"):
+        kerasfast.fit(model, [xb, xa], y, run_dir=False, verbose=0)
+    result = kerasfast.fit(model, [xa, xb], y, epochs=1, run_dir=False, verbose=0)
+    assert len(result.history.history["loss"]) == 1

@@ -574,6 +574,7 @@ def check_inputs_match(model, sample_inputs, what: str = "data") -> None:
                 f"({', '.join(_input_name(t) or '?' for t in declared)})."
             )
         pairs = list(zip(given, declared, strict=True))
+        _check_input_order(model, given, declared, what)
     for tensor, spec in pairs:
         if hasattr(tensor, "shape") and getattr(tensor.shape, "rank", 0) is None:
             continue  # a dataset's element of unknown rank: nothing to check before it is read
@@ -590,6 +591,30 @@ def check_inputs_match(model, sample_inputs, what: str = "data") -> None:
                 f"{_input_name(spec)!r} expects {('batch',) + expected[1:]}: reshape the data "
                 f"(e.g. x.reshape(-1, {', '.join(str(d) for d in expected[1:])})) or change the model's Input."
             )
+
+
+def _check_input_order(model, given, declared, what: str) -> None:
+    """Refuses arrays given by position that fit the model's inputs only in another order (a common slip with
+    several inputs), naming that order; any other misfit is named input by input by the caller."""
+    from itertools import permutations
+
+    def shape(tensor):
+        return tuple(tensor.shape) if hasattr(tensor, "shape") else tuple(np.shape(tensor))
+
+    if len(given) < 2 or len(given) > 6 or any(getattr(getattr(t, "shape", None), "rank", 0) is None for t in given):
+        return
+    shapes = [shape(t) for t in given]
+    expected = [tuple(spec.shape) for spec in declared]
+    if all(_shapes_compatible(s, e) for s, e in zip(shapes, expected, strict=True)):
+        return
+    for order in permutations(range(len(given))):
+        if all(_shapes_compatible(shapes[i], e) for i, e in zip(order, expected, strict=True)):
+            names = [_input_name(spec) or f"input {k}" for k, spec in enumerate(declared)]
+            placed = ", ".join(f"{names[k]!r} {('batch',) + expected[k][1:]} <- your array {i}"
+                               for k, i in enumerate(order))
+            raise DataError(
+                f"{what}'s arrays fit model {model.name!r}'s inputs only in another order: {placed}. Pass them in "
+                f"the model's order ({', '.join(map(repr, names))}), or as a dict keyed by those names.")
 
 
 def check_validation_data(validation_data, model=None) -> None:
