@@ -21,6 +21,9 @@ class BenchmarkResult:
         mb_per_second: MB (1e6 bytes) of decoded tensors delivered per second.
         file_mb_per_second: MB of TFRecord files read per second, when known
             (kerasfast datasets with a schema); None otherwise.
+        cpu_seconds: CPU time of all the process's threads in the timed
+            part (the pipeline's own threads included), which unlike the
+            wall time does not depend on how many cores are free.
     """
 
     batches: int
@@ -29,6 +32,7 @@ class BenchmarkResult:
     records_per_second: float
     mb_per_second: float
     file_mb_per_second: float | None = None
+    cpu_seconds: float | None = None
 
     def __str__(self) -> str:
         text = (f"{self.records_per_second:,.0f} records/s, {self.mb_per_second:,.1f} MB/s decoded "
@@ -121,9 +125,9 @@ def benchmark(dataset: Any, steps: int | None = 100, warmup: int = 5) -> Benchma
             raise DataError(f"the dataset ended during the {warmup} warm-up batches; lower warmup= or use a "
                             f"larger (or repeated) dataset.")
     limit = -1 if steps is None else steps  # -1: until the dataset ends
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     batches, records, nbytes = (int(v) for v in consume(iterator, tf.constant(limit if limit > 0 else 2**62, tf.int64)))
-    seconds = time.perf_counter() - started
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     if batches == 0:
         raise DataError("the dataset produced no batches after the warm-up; nothing to time.")
     file_rate = None
@@ -134,4 +138,5 @@ def benchmark(dataset: Any, steps: int | None = 100, warmup: int = 5) -> Benchma
         if total_records:
             bytes_per_record = sum(s.num_bytes for s in shards) / total_records
             file_rate = records * bytes_per_record / seconds / 1e6
-    return BenchmarkResult(batches, records, seconds, records / seconds, nbytes / seconds / 1e6, file_rate)
+    return BenchmarkResult(batches, records, seconds, records / seconds, nbytes / seconds / 1e6, file_rate,
+                           cpu_seconds)
