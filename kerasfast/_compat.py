@@ -612,14 +612,21 @@ def freeze(concrete_function):
 def dataset_kinds(dataset) -> list[str]:
     """The class names of a `tf.data.Dataset`'s stages, from it back to its sources (TensorFlow's private
     `_inputs()`; e.g. `_MapDataset` for a sequential map, `_ParallelMapDataset`, `CacheDataset`,
-    `_PrefetchDataset`): what the pipeline does, without serializing its graph (arrays in it included)."""
+    `_PrefetchDataset`): what the pipeline does, without serializing its graph (arrays in it included).
+    A stage whose function is tf.data's own (the map inside `unbatch()` or `rebatch()`) is named `tf.data:`
+    and its class; `Dataset.from_generator`'s is `from_generator`."""
     kinds, seen, stack = [], set(), [dataset]
     while stack:
         stage = stack.pop()
         if id(stage) in seen:
             continue
         seen.add(id(stage))
-        kinds.append(type(stage).__name__)
+        function = getattr(getattr(stage, "_map_func", None), "_func", None)
+        module = getattr(function, "__module__", None) or ""
+        if module.endswith(".from_generator_op"):
+            kinds.append("from_generator")  # a Python generator's elements, one at a time
+        else:
+            kinds.append(("tf.data:" if module.startswith("tensorflow.python.data.") else "") + type(stage).__name__)
         stack.extend(getattr(stage, "_inputs", lambda: [])())
     return kinds
 

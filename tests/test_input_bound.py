@@ -85,6 +85,18 @@ def test_advice_for_a_pipeline_names_what_it_lacks():
     assert "num_parallel_calls" not in advice and ".prefetch" not in advice and ".cache()" not in advice
     assert "the work per element is the limit" in advice
     assert "PyDataset workers=" in input_advice(0.4, "python")
+    # tf.data's own maps (inside unbatch(), rebatch()) are not the user's to parallelise.
+    rebatched = rows.batch(2).unbatch().rebatch(4).cache().prefetch(tf.data.AUTOTUNE)
+    advice = input_advice(0.4, "dataset", dataset=rebatched)
+    assert "num_parallel_calls" not in advice and "its maps run in parallel" not in advice
+    assert advice.endswith("it is cached and it prefetches: the work per element is the limit: batch() before map() "
+                           "to work on whole batches, or a larger batch_size")
+
+    def generator():
+        yield np.zeros(2, "float32")
+
+    generated = tf.data.Dataset.from_generator(generator, output_signature=tf.TensorSpec([2], tf.float32))
+    assert "come from a Python generator (Dataset.from_generator)" in input_advice(0.4, "dataset", dataset=generated)
 
 
 def test_a_slow_generator_is_advised_as_python_code(digits):

@@ -257,7 +257,10 @@ def _dataset_tips(dataset) -> str:
         return "add num_parallel_calls=tf.data.AUTOTUNE to its map()s, .cache() and .prefetch(tf.data.AUTOTUNE)"
     kinds = _compat.dataset_kinds(dataset)
     tips = []
-    sequential = kinds.count("_MapDataset")
+    if "from_generator" in kinds:
+        tips.append("its elements come from a Python generator (Dataset.from_generator), one at a time: build it "
+                    "from tensors or files (kerasfast.data.write_tfrecords) instead")
+    sequential = kinds.count("_MapDataset")  # the user's own: tf.data's inside unbatch() and the like are named apart
     if sequential:
         tips.append(f"add num_parallel_calls=tf.data.AUTOTUNE to its {sequential} map() call(s) without it")
     if "CacheDataset" not in kinds:
@@ -266,8 +269,9 @@ def _dataset_tips(dataset) -> str:
         tips.append("end it with .prefetch(tf.data.AUTOTUNE)")
     if tips:
         return "; ".join(tips)
-    return ("its maps run in parallel, it is cached and it prefetches: the work per element is the limit: batch() "
-            "before map() to work on whole batches, or a larger batch_size")
+    done = "its maps run in parallel, it is cached" if "_ParallelMapDataset" in kinds else "it is cached"
+    return (f"{done} and it prefetches: the work per element is the limit: batch() before map() to work on whole "
+            "batches, or a larger batch_size")
 
 
 def samples_counter(batch_size: int, num_samples: int | None):
