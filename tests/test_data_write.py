@@ -776,8 +776,10 @@ def test_a_mismatch_names_the_record_that_fixed_the_features_by_its_row_in_the_s
      r"record 1 feature 'a' holds 16777217, which the first record's float32 cannot hold \(it would be stored as "
      r"16777216\.0\) .*give record 0 float64"),
     ([{"a": 1}, {"a": True}], r"record 1 feature 'a' is bool, record 0 had int64"),
+    ([{"a": np.float32(1)}, {"a": 1e-50}], r"record 1 feature 'a' holds 1e-50, which the first record's float32 "
+                                           r"cannot hold"),
 ], ids=["uint64 into int64", "uint8 into int8", "uint32 into int32", "int rounded by float64",
-        "int rounded by float32", "bool among ints"])
+        "int rounded by float32", "bool among ints", "float32 underflow"])
 def test_a_value_the_first_records_dtype_would_change_is_refused(tmp_path, records, message):
     # Each was written changed: wrapped to a negative, rounded, or True stored as 1.
     with pytest.raises(DataError, match=message):
@@ -822,7 +824,7 @@ def test_a_shard_count_that_is_not_a_positive_integer_is_refused(tmp_path, shard
 
 @pytest.mark.parametrize("column, shown", [
     (lambda: pd.date_range("2020", periods=4, tz="UTC"), r"is a Timestamp \(2020-01-0\d 00:00:00\+00:00\)"),
-    (lambda: pd.date_range("2020", periods=4), r"is datetime64\[\w+\] \(dates or durations\)"),
+    (lambda: pd.date_range("2020", periods=4).as_unit("us"), r"is datetime64\[us\] \(dates or durations\)"),
     (lambda: pd.to_timedelta([1, 2, 3, 4], unit="s"), r"is timedelta64\[\w+\] \(dates or durations\)"),
     (lambda: pd.period_range("2020", periods=4, freq="D"), r"is a Period \(2020-01-0\d\)"),
     (lambda: [decimal.Decimal("1.5")] * 4, r"is a Decimal \(1\.5\)"),
@@ -830,7 +832,9 @@ def test_a_shard_count_that_is_not_a_positive_integer_is_refused(tmp_path, shard
 def test_dates_durations_and_decimals_are_named_with_their_conversion(tmp_path, column, shown):
     # They were "a object array of shape ()" or "dtype datetime64[us] cannot be stored raw", naming no row.
     frame = pd.DataFrame({"when": column(), "label": [0, 1, 0, 1]})
+    unit = "microseconds" if "datetime64" in shown else r"the column's time unit" if "Timestamp" in shown else ""
     with pytest.raises(DataError, match=r"row \d feature 'when' " + shown + r", which a feature cannot hold: store it "
-                                        r"as a number \(a DataFrame column: df\['when'\]\.astype\('int64'\)"):
+                                        r"as a number \(a DataFrame column: df\['when'\]\.astype\('int64'\), a count of "
+                                        + unit):
         kd.write_tfrecords(frame, tmp_path / "out")
     assert not (tmp_path / "out").exists()

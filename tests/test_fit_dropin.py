@@ -1049,7 +1049,7 @@ def test_a_callback_whose_code_cannot_be_read_setting_the_rate_is_named_with_the
                                                   r"rate is the planned schedule lr_schedule='warmup_cosine'.*"
                                                   r"lr_schedule='constant'"):
         kerasfast.fit(model, X, Y, callbacks=[namespace["Unreadable"]()], **options)
-    # The fix the message names works at once: the backup of the epoch trained with the schedule is gone.
+    # The fix the message names works at once: the backup of the steps trained with the schedule is gone.
     assert not (tmp_path / "backup").exists()
     result = kerasfast.fit(model, X, Y, callbacks=[namespace["Unreadable"]()], lr_schedule="constant", **options)
     assert len(result.history.history["loss"]) == 2
@@ -1075,6 +1075,18 @@ def test_a_call_that_fails_before_its_first_update_leaves_no_run_folder(tmp_path
         kerasfast.fit(model, X, Y, batch_size=20, epochs=2, run_dir=folder, verbose=0, backup_every=2,
                       steps_per_execution=1, callbacks=[_CrashesAtBatch()])
     assert any(path.name == "plan.json" for path in tmp_path.rglob("*"))
+
+
+def test_a_model_training_through_its_own_optimizers_keeps_its_run_folder_when_it_fails_later(tmp_path):
+    # keras.io's DCGAN updates through d_optimizer and g_optimizer; its model.optimizer never counts a step.
+    from tests import kerasio_models
+
+    gan, data = kerasio_models.build_dcgan(), kerasio_models.data_dcgan()
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        kerasfast.fit(gan, data["x"], epochs=2, run_dir=tmp_path / "run", verbose=0, steps_per_execution=1,
+                      callbacks=[_CrashesAtBatch()])
+    assert int(gan.d_optimizer.iterations) > 0
+    assert (tmp_path / "run" / "plan.json").is_file()
 
 
 class _FailsAtStart(keras.callbacks.Callback):
@@ -1422,3 +1434,17 @@ def test_arrays_that_fit_a_multi_input_model_only_in_another_order_are_named_wit
         kerasfast.fit(model, [xb, xa], y, run_dir=False, verbose=0)
     result = kerasfast.fit(model, [xa, xb], y, epochs=1, run_dir=False, verbose=0)
     assert len(result.history.history["loss"]) == 1
+
+
+def test_validation_labels_are_checked_against_the_loss_fit_was_given():
+    one_hot = keras.utils.to_categorical(Y, 3)
+    # A sparse loss compiled earlier, replaced by fit's loss=: one-hot labels are right for it.
+    result = kerasfast.fit(_model(), X, one_hot, loss="categorical_crossentropy", validation_data=(X, one_hot),
+                           batch_size=20, epochs=1, run_dir=False, verbose=0)
+    assert "val_loss" in result.history.history
+    # An uncompiled model given a sparse loss by fit: labels outside its classes are refused before any step.
+    batches = _Batches()
+    with pytest.raises(kerasfast.DataError, match=r"^validation_data's y holds label \d at sample"):
+        kerasfast.fit(_uncompiled(), X, Y, loss="sparse_categorical_crossentropy", validation_data=(X, Y + 3),
+                      batch_size=20, epochs=1, callbacks=[batches], run_dir=False, verbose=0)
+    assert batches.seen == 0

@@ -556,9 +556,15 @@ class _RecordMismatch(Exception):
 _NUMPY_INT_RANGE = (-2**63, 2**64 - 1)
 
 
-def _time_remedy(name: str) -> str:
-    return (f"store it as a number (a DataFrame column: df[{name!r}].astype('int64'), nanoseconds since 1970 for "
-            f"dates; float(value) for a Decimal) or as a string (df[{name!r}].astype(str), str(value))")
+# NumPy's names of its date and duration units (`np.datetime_data`).
+_TIME_UNITS = {"s": "seconds", "ms": "milliseconds", "us": "microseconds", "ns": "nanoseconds"}
+
+
+def _time_remedy(name: str, unit: str | None = None) -> str:
+    """How to store dates, durations or decimals; `unit`: a datetime64 / timedelta64 column's, when known."""
+    counts = f"{_TIME_UNITS.get(unit, unit + ' units')}" if unit else "the column's time unit"
+    return (f"store it as a number (a DataFrame column: df[{name!r}].astype('int64'), a count of {counts} (since "
+            f"1970 for dates); float(value) for a Decimal) or as a string (df[{name!r}].astype(str), str(value))")
 
 
 def _unstorable(name: str, arr: np.ndarray) -> _RecordMismatch | None:
@@ -568,7 +574,7 @@ def _unstorable(name: str, arr: np.ndarray) -> _RecordMismatch | None:
     own message names the type."""
     if arr.dtype.kind in "mM":  # NumPy dates and durations (a DataFrame's datetime64 / timedelta64 column)
         return _RecordMismatch(f"feature {name!r} is {arr.dtype} (dates or durations), which a feature cannot "
-                               f"hold: {_time_remedy(name)}")
+                               f"hold: {_time_remedy(name, np.datetime_data(arr.dtype)[0])}")
     for index, value in np.ndenumerate(arr):
         is_ = "is" if arr.ndim == 0 else "holds"
         at = "" if arr.ndim == 0 else f" at index {index[0] if len(index) == 1 else index}"
@@ -595,7 +601,8 @@ def _narrowed(f: FeatureSchema, arr: np.ndarray, target: np.dtype, first: str) -
     with np.errstate(over="ignore", invalid="ignore"):
         cast = arr.astype(target)
         if target.kind == "f" and arr.dtype.kind == "f":
-            lost = np.isfinite(arr) & ~np.isfinite(cast)
+            # Beyond the range: inf; below its smallest magnitude: 0 (1e-50 in float32).
+            lost = (np.isfinite(arr) & ~np.isfinite(cast)) | ((arr != 0) & (cast == 0))
         elif target.kind in "iu" and arr.dtype.kind in "iu":
             # By range: a cast back cannot see a wrap between signed and unsigned (2**63 + 5 -> int64 -> back).
             bounds = np.iinfo(target)

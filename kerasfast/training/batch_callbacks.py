@@ -192,23 +192,27 @@ def progress_bars(plan, callbacks, verbose, steps_done) -> list:
 def rate_setting_errors(plan, backup=None):
     """Keras's TypeError for a callback setting a rate that is a schedule, as
     a `PlanError` naming the callback and the fix: a callback whose code
-    `learning_rate_callbacks` could not read (or reach) sets it. The run's
-    `backup` is cleared: the fix changes what training computes, so the
-    backup of the epochs trained so far could only refuse it."""
+    `learning_rate_callbacks` could not read (or reach) sets it. A `backup`
+    (given for a run that did not resume one) is cleared: the fix changes
+    what training computes, so the backup of the epochs this call trained
+    could only refuse it."""
     try:
         yield
     except TypeError as error:
         if "not settable" not in str(error):
             raise
-        if backup is not None:
+        cleared = ""
+        if backup is not None and backup.path.is_file():
             backup.clear()
+            cleared = (f" The backup in {backup.directory} of the steps trained with the schedule was removed, so "
+                       "that the run starts again with it.")
         who = _callback_in(error.__traceback__) or "a callback"
         if plan.lr_schedule == "optimizer's own":
             fix = "your optimizer's learning rate is a schedule, which Keras cannot set: compile with a constant rate"
         else:
             fix = (f"the run's learning rate is the planned schedule lr_schedule={plan.lr_schedule!r}, which sets it "
                    "every step and which Keras cannot set: pass lr_schedule='constant' to leave the rate to it")
-        raise PlanError(f"{who} set optimizer.learning_rate, but {fix}.") from error
+        raise PlanError(f"{who} set optimizer.learning_rate, but {fix}.{cleared}") from error
 
 
 def _callback_in(traceback) -> str | None:

@@ -657,7 +657,6 @@ def check_validation_data(validation_data, model=None) -> None:
         x, y, sample_weight = (_arrays(part) if part is not None else None for part in (x, y, sample_weight))
         _check_not_strings(y, "y", what)
         _num_samples(x, y, sample_weight, what)
-        check_sparse_labels(model, y, f"{what}'s y")
         sample_inputs = x
     if isinstance(model, keras.Model) and not any(
             _compat.overridden_step(model, method) for method in ("train_step", "test_step")):

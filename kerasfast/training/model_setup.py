@@ -165,7 +165,8 @@ def _has_added_losses(model) -> bool:
 
 def _check_validation_targets(run: Run) -> None:
     """`check_targets` for `validation_data` given as arrays or a `tf.data.Dataset` (its element spec; nothing is
-    read), which Keras's evaluation would fail on only after the first epoch has trained."""
+    read), and `check_sparse_labels` for its array labels, against the compiled loss (`fit(loss=...)`
+    included), which Keras's evaluation would fail on only after the first epoch has trained."""
     validation = (run.validation or {}).get("validation_data")
     if _compat.overridden_step(run.train_model, "test_step") is not None:
         return
@@ -173,6 +174,8 @@ def _check_validation_targets(run: Run) -> None:
         check_targets(run.train_model, validation.element_spec, "validation_data")
     elif isinstance(validation, (tuple, list)):
         check_targets(run.train_model, tuple(validation), "validation_data")
+        if len(validation) in (2, 3):  # arrays (x, y[, sample_weight]): labels against the compiled loss
+            check_sparse_labels(run.train_model, validation[1], "validation_data's y")
     elif validation is not None and _compat.can_convert_arrays(validation):  # validation_data=x_val: no targets
         check_targets(run.train_model, (validation,), "validation_data")
 

@@ -112,6 +112,11 @@ class ThroughputMeter(keras.callbacks.Callback):
         self._steps_done = 0
         self._counted = 0
 
+    @property
+    def steps_ended(self) -> int:
+        """The train steps whose batch ended in this call (0 until the first execution ends)."""
+        return self._counted
+
     def on_epoch_begin(self, epoch, logs=None):
         if self._last_step >= 0:  # a later epoch: only the first one is resumed mid-way
             self._offset = 0

@@ -73,14 +73,25 @@ def open_run_folder(run: Run, cleanup) -> None:
 
 def _removed_unless_trained(run: Run, written: list, made: list):
     """An exit callback for `fit`'s block: when the call raises before its first update, the files it wrote
-    and the folders it `made` are removed (a folder only if nothing else lives in it: the backup's lock
-    removes its own after), so a call that failed at its start (a callback's error) leaves no run folder
-    behind; once an update was made, the folder is the run's record."""
-    optimizer = run.train_model.optimizer
-    updates_before = int(optimizer.iterations) if optimizer is not None else None
+    and the folders it `made` are removed (the backup's lock removes its own after), so a call that failed at
+    its start (a callback's error) leaves no run folder behind; once a step trained, or anything else was
+    written there (a TensorBoard log), the folder is the run's record."""
+    model = run.train_model
+    optimizers_used = [model.optimizer, *optimizers.own_optimizers(model).values()]
+    optimizers_used = [optimizer for optimizer in optimizers_used if optimizer is not None]
+
+    def updates():
+        return [int(optimizer.iterations) for optimizer in optimizers_used]
+
+    updates_before = updates()
 
     def on_exit(error_type, error, traceback) -> bool:
-        if error_type is None or updates_before is None or int(optimizer.iterations) != updates_before:
+        trained = updates() != updates_before or (run.meter is not None and run.meter.steps_ended > 0)
+        if error_type is None or trained:
+            return False
+        ours = {path.name for path in written} | ({run.backup.directory.name} if run.backup is not None
+                                                   and run.backup.directory.parent == run.folder else set())
+        if any(path.name not in ours for path in run.folder.iterdir()):
             return False
         for path in written:
             path.unlink(missing_ok=True)
@@ -112,7 +123,7 @@ def train(run: Run, rate_control) -> None:
         run.guard = DivergenceGuard(**run.args.divergence, snapshot_every_steps=run.args.backup_every,
                                     grad_accum_steps=plan.grad_accum_steps, learning_rate=rate_control,
                                     variables=lambda: training_variables(model), is_chief=run.is_chief)
-        with scope_of(run.strategy), rate_setting_errors(plan, run.backup), \
+        with scope_of(run.strategy), rate_setting_errors(plan, run.backup if run.progress is None else None), \
                 errors_naming_the_data(run.feed.x, run.feed.y, run.feed.validation_data, run.feed.validation_steps):
             verbose = run.args.verbose if run.is_chief else 0
             run.history = run_epochs(
