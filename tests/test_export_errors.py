@@ -470,3 +470,29 @@ def test_a_name_tensorflow_refuses_as_a_scope_is_named_as_such(previous_export):
     assert_untouched(previous_export)
     # The failed traces leave no name scope behind: a model built afterwards exports.
     export_model(small_model(), previous_export.parent / "after", formats=["saved_model"])
+
+
+def test_accuracy_follows_what_the_labels_are():
+    from kerasfast.export.evaluation import classification_accuracy
+
+    scores = np.array([[0.9, 0.1, 0.0], [0.1, 0.2, 0.7]], "float32")
+    assert classification_accuracy(scores, np.array([0, 1])) == 0.5  # class ids
+    assert classification_accuracy(scores, np.eye(3)[[0, 2]]) == 1.0  # one-hot rows
+    # Regression targets of the outputs' shape have no accuracy (argmax against argmax gave a number).
+    assert classification_accuracy(scores, np.array([[0.3, 1.5, 2.0], [0.1, 0.2, 0.3]])) is None
+    # Multi-label 0/1 rows: per-output, at 0.5 (or 0 for logits), not argmax.
+    assert classification_accuracy(scores, np.array([[1, 0, 0], [0, 0, 1]])) == 1.0
+    assert classification_accuracy(scores, np.array([[1, 1, 0], [0, 0, 1]])) == pytest.approx(5 / 6)
+    # One sigmoid output with 0/1 labels: binary accuracy (it was none).
+    assert classification_accuracy(np.array([[0.2], [0.7], [0.6]]), np.array([0, 1, 0])) == pytest.approx(2 / 3)
+    assert classification_accuracy(np.array([[-1.0], [2.0]]), np.array([0, 1]), from_logits=True) == 1.0
+    assert classification_accuracy(np.array([[0.2], [0.7]]), np.array([0.5, 3.0])) is None
+
+
+def test_class_ids_outside_an_uncompiled_models_outputs_are_refused(tmp_path):
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])  # no loss to judge the labels by
+    x = np.zeros((16, 4), "float32")
+    with pytest.raises(DataError, match=r"eval_data's labels hold class id 1\d at sample 0 \(16 sample\(s\) in all\), "
+                                        r"but the model has 3 outputs \(class ids 0\.\.2\)"):
+        export_model(model, tmp_path / "out", formats=["tflite_float32"], eval_data=(x, np.arange(16) % 3 + 10))
+    assert not (tmp_path / "out").exists()

@@ -8,19 +8,49 @@ import numpy as np
 from kerasfast import _compat
 
 
-def classification_accuracy(outputs: np.ndarray, labels: np.ndarray) -> float | None:
-    """Top-1 accuracy for class-score outputs (last dim > 1), else None.
+def classification_accuracy(outputs: np.ndarray, labels: np.ndarray, from_logits: bool = False) -> float | None:
+    """The accuracy the labels call for, or None where they are not classes (regression targets).
 
-    Labels may be integer class ids or one-hot rows.
+    - class ids (whole numbers, one per output row) for class scores (last dim > 1): top-1 accuracy;
+    - one-hot rows of the outputs' shape: top-1 accuracy;
+    - 0/1 labels for one output per sample (binary) or of the outputs' shape with any number of 1s
+      (multi-label): the share of outputs on their label's side of 0.5 (of 0 for logits, `from_logits`).
+
+    Example:
+
+    >>> classification_accuracy(np.array([[0.9, 0.1], [0.2, 0.8]]), np.array([0, 0]))
+    0.5
+    >>> classification_accuracy(np.array([[0.3], [0.8]]), np.array([0, 1]))
+    1.0
+    >>> classification_accuracy(np.array([[0.3, 1.7]]), np.array([[0.25, 2.0]])) is None  # regression
+    True
     """
-    if outputs.ndim < 2 or outputs.shape[-1] < 2:
+    outputs, labels = np.asarray(outputs), np.asarray(labels)
+    if outputs.ndim < 1 or not labels.size or not np.issubdtype(labels.dtype, np.number):
         return None
-    predicted = np.argmax(outputs, axis=-1)
-    labels = np.asarray(labels)
-    if labels.ndim == outputs.ndim and labels.shape[-1] == outputs.shape[-1]:
-        labels = np.argmax(labels, axis=-1)
-    labels = labels.reshape(predicted.shape)
-    return float(np.mean(predicted == labels))
+    threshold = 0.0 if from_logits else 0.5
+    binary = bool(np.isin(labels, (0, 1)).all())
+    width = outputs.shape[-1] if outputs.ndim >= 2 else 1
+    if width > 1 and labels.shape == outputs.shape:
+        if binary and (labels.sum(axis=-1) == 1).all():  # one-hot
+            return float(np.mean(np.argmax(outputs, axis=-1) == np.argmax(labels, axis=-1)))
+        return float(np.mean((outputs > threshold) == labels.astype(bool))) if binary else None
+    if width == 1:
+        if binary and labels.size == outputs.size:
+            return float(np.mean((outputs.reshape(-1) > threshold) == labels.reshape(-1).astype(bool)))
+        return None
+    if labels.size == outputs.size // width and (labels == np.round(labels)).all():
+        return float(np.mean(np.argmax(outputs, axis=-1).reshape(-1) == labels.reshape(-1)))
+    return None
+
+
+def loss_from_logits(loss_fn) -> bool:
+    """Whether a compiled loss takes logits (`from_logits=True`), which sets where a binary output's class flips."""
+    get_config = getattr(loss_fn, "get_config", None)
+    try:
+        return bool(get_config().get("from_logits", False)) if callable(get_config) else False
+    except (TypeError, NotImplementedError):
+        return False
 
 
 def model_loss_fn(model):

@@ -18,7 +18,7 @@ from kerasfast.compress.attach import overall_sparsity
 from kerasfast.errors import ExportError
 from kerasfast.export import onnx_export, preflight, recurrent
 from kerasfast.export.atomic import REPORT_NAMES, check_destination, check_writable_destination, staged_export
-from kerasfast.export.evaluation import classification_accuracy, loss_value, model_loss_fn
+from kerasfast.export.evaluation import classification_accuracy, loss_from_logits, loss_value, model_loss_fn
 from kerasfast.export.formats import FORMATS
 from kerasfast.export.int8_selection import convert_int8_verified
 from kerasfast.export.litert import LiteRTModel
@@ -687,6 +687,6 @@ def _measure(name, filename, target, predict, reference, job) -> ArtifactReport:
     if evaluation is not None:
         x, y = evaluation
         eval_outputs = np.asarray(predict(x), dtype=np.float32)
-        row.accuracy = classification_accuracy(eval_outputs, y)
+        row.accuracy = classification_accuracy(eval_outputs, y, loss_from_logits(loss_fn))
         row.loss = loss_value(loss_fn, eval_outputs, y)
     return row

@@ -553,15 +553,35 @@ def check_token_ids(model, array, argument: str) -> None:
             )
 
 
+def _check_class_ids(labels: np.ndarray, width: tuple) -> None:
+    """Refuses integer labels, one per output row, outside the outputs' classes (the accuracy would count
+    them wrong without a word)."""
+    classes = width[-1] if width else 1
+    if classes < 2 or not np.issubdtype(labels.dtype, np.integer) or labels.size * classes != labels.shape[0] * int(
+            np.prod(width)):
+        return
+    outside = np.flatnonzero(((labels < 0) | (labels >= classes)).reshape(len(labels), -1).any(axis=1))
+    if len(outside):
+        value = labels.reshape(len(labels), -1)[outside[0]]
+        value = value[(value < 0) | (value >= classes)][0]
+        raise DataError(
+            f"eval_data's labels hold class id {value} at sample {outside[0]} ({len(outside)} sample(s) in all), "
+            f"but the model has {classes} outputs (class ids 0..{classes - 1}): pass the labels the model was "
+            "trained on (shift ids that start at 1: y - 1).")
+
+
 def check_eval_labels(model, evaluation, loss_fn, chunk: int = 8192) -> None:
     """Refuses eval labels the model's compiled loss cannot take (one-hot rows
     for a sparse loss, class ids for a categorical one, ids beyond the outputs),
     before anything is written: the loss is computed on uniform outputs of the
     model's output shape, so the model itself runs on one sample only."""
-    if evaluation is None or loss_fn is None:
+    if evaluation is None:
         return
     x, y = evaluation
     width = predicted(model, x[:1]).shape[1:]
+    if loss_fn is None:  # no loss to judge them by: class ids, at least, must name one of the outputs
+        _check_class_ids(np.asarray(y), width)
+        return
     for start in range(0, len(y), chunk):
         labels = y[start:start + chunk]
         uniform = np.full((len(labels), *width), 1.0 / max(1, int(np.prod(width[-1:]))), np.float32)
