@@ -496,3 +496,13 @@ def test_class_ids_outside_an_uncompiled_models_outputs_are_refused(tmp_path):
                                         r"but the model has 3 outputs \(class ids 0\.\.2\)"):
         export_model(model, tmp_path / "out", formats=["tflite_float32"], eval_data=(x, np.arange(16) % 3 + 10))
     assert not (tmp_path / "out").exists()
+
+
+def test_a_dynamic_int8_file_with_no_weight_quantised_says_so(tmp_path):
+    # TFLite leaves weights under 1,024 values in float32: this file was the float32 one, with no note.
+    small = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(3)])
+    large = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(3)])
+    notes = {name: export_model(model, tmp_path / name, formats=["tflite_dynamic_int8"]).rows[0].notes
+             for name, model in (("small", small), ("large", large))}
+    assert "no weight was quantised" in notes["small"]
+    assert "no weight was quantised" not in notes["large"]

@@ -517,8 +517,16 @@ def _build_tflite(job: _Job, staging: _Staging, name: str, target: Path) -> _Bui
     if not runner.fixed_batch:
         _check_fresh_interpreters(job, name, content)
     notes = _tflite_notes(job, staging, int8_choice)
+    if name == "tflite_dynamic_int8" and not runner.holds_int8():
+        notes = _join_notes(notes, DYNAMIC_INT8_UNQUANTISED)
     return _Built(predict=runner.predict, runner=runner, notes=notes,
                   quantization=None if int8_choice is None else int8_choice.to_dict())
+
+
+# TFLite's dynamic-range quantisation leaves weights of fewer than 1,024 values in float32: a small model's
+# "dynamic int8" file may hold none quantised, and be the float32 file again.
+DYNAMIC_INT8_UNQUANTISED = ("no weight was quantised: TFLite quantises only weights of 1,024 values or more, so this "
+                            "file is float32 (tflite_int8 quantises every weight)")
 
 
 def _check_fresh_interpreters(job: _Job, name: str, content: bytes) -> None:

@@ -79,6 +79,10 @@ class LiteRTModel:
     def output_details(self):
         return self._interpreter.get_output_details()[0]
 
+    def holds_int8(self) -> bool:
+        """Whether any of the file's tensors is int8 (a weight dynamic-range quantisation quantised, say)."""
+        return any(np.dtype(details["dtype"]) == np.int8 for details in self._interpreter.get_tensor_details())
+
     def layers_with_op(self, op: str, known_layer_names) -> list[str]:
         """Layers (of `known_layer_names`) whose tensors name TFLite op `op` (e.g. "RESHAPE" -> ".../Reshape")."""
         from kerasfast.export.tflite import _layer_name
