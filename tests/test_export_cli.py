@@ -60,6 +60,8 @@ def test_cli_reports_bad_input_as_a_clear_error(saved_model_and_data):
     assert "Error: --representative samples have shape (3,) but the model input is (8, 8, 1)" in result.output
     assert "Traceback" not in result.output
     assert not (folder / "bad").exists()
+    empty = CliRunner().invoke(export_command, [str(folder / "model.keras"), str(folder / "bad"), "--formats", ","])
+    assert empty.exit_code == 1 and "Error: --formats names no format; pass one or more of" in empty.output
 
 
 @pytest.mark.parametrize("option, name", [("--representative", "notnpy.npy"), ("--eval", "notnpz.npz")])

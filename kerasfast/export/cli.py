@@ -82,6 +82,7 @@ def _load_model(model_path: str, *, safe_mode: bool):
 # export_model's argument spellings in its messages, and this command's options for them.
 _FLAGS = (
     (re.compile(r"formats=\[([^\]]*)\]"), lambda m: "--formats " + ",".join(re.findall(r"'([^']+)'", m.group(1)))),
+    (re.compile(r"^formats is empty"), lambda m: "--formats names no format"),
     (re.compile(r"representative_data=\.\.\."), lambda m: "--representative DATA.npy"),
     (re.compile(r"\brepresentative_data\b"), lambda m: "--representative"),
     (re.compile(r"\beval_data( x| y)?\b"), lambda m: "--eval" + (m.group(1) or "")),
