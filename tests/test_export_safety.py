@@ -6,6 +6,7 @@ is a real subprocess killed mid-export.
 
 import fcntl
 import json
+import re
 import os
 import signal
 import subprocess
@@ -251,3 +252,12 @@ def test_concurrent_export_into_the_same_folder_is_refused(tmp_path):
     finally:
         os.close(holder)
     assert files(out_dir) == before
+
+
+@pytest.mark.parametrize("name", ["model.keras", "model.tflite", "net.onnx"])
+def test_an_out_dir_named_like_a_model_file_is_refused(tmp_path, name):
+    # It made a folder model.keras/ holding model.keras/model.keras.
+    with pytest.raises(ExportError, match=rf"out_dir .*{re.escape(name)} is named like a \.\w+ file, but it is the "
+                                          r"folder the artifacts are written into .*: pass a folder, e\.g\. "):
+        export_model(tiny_model("m"), tmp_path / name, formats=["keras"])
+    assert not (tmp_path / name).exists()

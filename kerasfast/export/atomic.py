@@ -48,6 +48,10 @@ class DestinationContents:
     leftovers: list = dataclasses.field(default_factory=list)
 
 
+# Suffixes of single model files: an out_dir named so was meant as one file, not as a folder of artifacts.
+ARTIFACT_SUFFIXES = (".keras", ".tflite", ".onnx", ".h5", ".pb")
+
+
 def check_writable_destination(out_dir) -> Path:
     """Refuses an `out_dir` that cannot be created or written into, writing nothing.
 
@@ -68,6 +72,10 @@ def check_writable_destination(out_dir) -> Path:
     out_dir = Path(out_dir).expanduser().absolute()
     if out_dir.exists() and not out_dir.is_dir():
         raise ExportError(f"out_dir {out_dir} exists and is a file, not a folder; pick another out_dir.")
+    if not out_dir.exists() and out_dir.suffix.lower() in ARTIFACT_SUFFIXES:
+        raise ExportError(
+            f"out_dir {out_dir} is named like a {out_dir.suffix} file, but it is the folder the artifacts are "
+            f"written into (model.keras, model_float32.tflite, ...): pass a folder, e.g. {out_dir.with_suffix('')}.")
     if out_dir.is_dir():
         if not os.access(out_dir, os.W_OK | os.X_OK):
             raise ExportError(f"out_dir {out_dir} is not writable. Pick another out_dir.")
