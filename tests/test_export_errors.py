@@ -506,3 +506,13 @@ def test_a_dynamic_int8_file_with_no_weight_quantised_says_so(tmp_path):
              for name, model in (("small", small), ("large", large))}
     assert "no weight was quantised" in notes["small"]
     assert "no weight was quantised" not in notes["large"]
+
+
+def test_a_sequence_model_of_open_length_with_an_unpadded_convolution_exports(tmp_path):
+    # LiteRT sized the open length at 1 when loading the file, too short for a 3-wide convolution: "XNNPack
+    # delegate failed to reshape", naming no format; the file is run at the samples' own length.
+    model = keras.Sequential([keras.Input((None, 4)), keras.layers.Conv1D(8, 3), keras.layers.GlobalAveragePooling1D(),
+                              keras.layers.Dense(3)])
+    x = np.random.default_rng(0).random((16, 12, 4)).astype("float32")
+    result = export_model(model, tmp_path / "out", formats=["tflite_float32"], eval_data=(x, np.arange(16) % 3))
+    assert result.rows[0].verified and result.rows[0].max_abs_diff < 1e-4

@@ -61,12 +61,18 @@ class LiteRTModel:
             # printed to file descriptor 2 here; on failure all of it is shown.
             with filtered_stderr():
                 self._interpreter = Interpreter(model_content=model_content, num_threads=num_threads)
-                self._interpreter.allocate_tensors()
+                details = self.input_details
+                self._signature = [int(d) for d in details.get("shape_signature", details["shape"])]
+                try:
+                    self._interpreter.allocate_tensors()
+                except RuntimeError:
+                    # A dimension the file leaves open besides the batch (a sequence length) is 1 until the
+                    # input is sized (`_resize`): too short for a convolution with no padding, say.
+                    if not any(d < 0 for d in self._signature[1:]):
+                        raise
         except Exception as error:
             raise ExportError(f"LiteRT cannot load the .tflite file: {str(error).strip()[:500]}") from error
         self._shape = None
-        details = self.input_details
-        self._signature = [int(d) for d in details.get("shape_signature", details["shape"])]
         # A file traced with a fixed batch (recurrent models: see
         # kerasfast.export.recurrent) cannot be resized to another one.
         self.fixed_batch = self._signature[0] if self._signature and self._signature[0] > 0 else None
