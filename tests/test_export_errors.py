@@ -2,6 +2,7 @@
 
 import json
 import shutil
+import warnings
 
 import keras
 import numpy as np
@@ -516,3 +517,11 @@ def test_a_sequence_model_of_open_length_with_an_unpadded_convolution_exports(tm
     x = np.random.default_rng(0).random((16, 12, 4)).astype("float32")
     result = export_model(model, tmp_path / "out", formats=["tflite_float32"], eval_data=(x, np.arange(16) % 3))
     assert result.rows[0].verified and result.rows[0].max_abs_diff < 1e-4
+
+
+def test_the_keras_files_check_does_not_warn_of_an_optimizer_that_never_trained(tmp_path):
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+    model.compile("adam", "mse")  # compiled, never fit: its optimizer has no slots yet
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        assert export_model(model, tmp_path / "out", formats=["keras"]).rows[0].verified
