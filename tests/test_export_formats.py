@@ -1,6 +1,7 @@
 """export_model on a pruned digits convnet: every format written, verified and reported."""
 
 import json
+import re
 
 import keras
 import numpy as np
@@ -151,6 +152,10 @@ def test_mixed_bfloat16_model_exports_builtin_tflite_from_a_float32_copy(digits_
                           representative_data=train, eval_data=test, measure_latency=False)
     assert all(row.verified for row in result.rows)
     assert "float32 copy of the mixed_bfloat16 model" in result.row("tflite_int8").notes
+    # What the diff column is measured against, and how far that copy is from the bf16 model, measured.
+    copy_diff = float(re.search(r"which differs from the model by up to ([\d.e+-]+)\)",
+                                result.row("tflite_float32").notes).group(1))
+    assert 1e-4 < copy_diff < 0.5
     # The float TFLite file scores like the bf16 Keras model it came from.
     assert abs(result.row("tflite_float32").accuracy - model.evaluate(*test, verbose=0)[1]) <= 0.02
 
@@ -201,7 +206,9 @@ def test_float16_model_note_names_the_float16_layers(tmp_path):
     x = np.random.default_rng(0).normal(size=(20, 8)).astype("float16")
     result = export_model(model, tmp_path / "f16", formats=["tflite_float32"], representative_data=x,
                           measure_latency=False)
-    assert result.rows[0].notes == "converted from a float32 copy of the model (layers computing in float16)"
+    assert result.rows[0].notes.startswith("converted from a float32 copy of the model (layers computing in float16) "
+                                           "(the diff column is against the copy, which differs from the model by up "
+                                           "to ")
 
 
 @pytest.mark.parametrize("wrap", [lambda t: {"probs": t}, lambda t: [t]], ids=["dict", "list"])

@@ -335,6 +335,11 @@ def _prepare(model, checked: _Checked, num_comparison_samples, **options) -> _Jo
                 else f"the model (layers computing in {', '.join(reduced_float_dtypes(model))})")
         tflite_note = f"converted from a float32 copy of {what}"
     tflite_reference = keras_reference if tflite_source is model else _predict(tflite_source, comparison)
+    if tflite_source is not model:
+        # The diff column is against the copy; how far the copy itself is from the model is said here.
+        copy_diff = float(np.max(np.abs(np.asarray(tflite_reference, np.float32) -
+                                        np.asarray(keras_reference, np.float32))))
+        tflite_note += f" (the diff column is against the copy, which differs from the model by up to {copy_diff:.3g})"
     return _Job(
         model=model,
         formats=checked.formats,
