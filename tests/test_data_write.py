@@ -838,3 +838,18 @@ def test_dates_durations_and_decimals_are_named_with_their_conversion(tmp_path, 
                                         + unit):
         kd.write_tfrecords(frame, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("source, message", [
+    (lambda: pd.DataFrame({"id": np.array([1, 2, 3], np.uint64), "label": [0, 1, 0]}),
+     r"row \d: feature 'id' is uint64 \(one value\), which a feature cannot hold \(an unsigned 64-bit id: cast it to "
+     r"int64 if every value is below 2\*\*63, or store it as a string\): cast it to one of \(.*'uint32'"),
+    (lambda: (np.zeros((4, 2), np.complex64), np.zeros(4)),
+     r"row \d: feature 'x' is complex64, which a feature cannot hold: cast it to one of \('bool'"),
+], ids=["uint64 column", "complex array"])
+def test_a_dtype_no_feature_holds_is_named_with_the_row_and_the_casts(tmp_path, source, message):
+    # It was "feature 'id': dtype uint64 cannot be stored raw; cast it to one of (...)", naming no row and
+    # leaving out uint32, which a single value may be.
+    with pytest.raises(DataError, match=message):
+        kd.write_tfrecords(source(), tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -22,6 +22,7 @@ from kerasfast.data.layout import RecordLayout
 from kerasfast.data.schema import (
     FLOAT_LIST_DTYPES,
     INT_LIST_DTYPES,
+    RAW_DTYPES,
     SCHEMA_FILENAME,
     FeatureSchema,
     Schema,
@@ -719,7 +720,14 @@ class _RecordEncoder:
             self._image_formats[name] = {self.image_encoding}
             self.encoded_by_option.append(name)
             return FeatureSchema(name, "uint8", arr.shape, self.image_encoding)
-        return FeatureSchema(name, dtype, arr.shape, "raw")  # raises DataError for unsupported dtypes
+        if dtype not in RAW_DTYPES:
+            scalar = arr.ndim == 0 and arr.dtype.kind in "iuf"
+            allowed = (*INT_LIST_DTYPES, "int64", *FLOAT_LIST_DTYPES, "float64") if scalar else RAW_DTYPES
+            hint = (" (an unsigned 64-bit id: cast it to int64 if every value is below 2**63, or store it as a "
+                    "string)" if dtype == "uint64" else "")
+            raise DataError(f"{location}: feature {name!r} is {dtype}{' (one value)' if scalar else ''}, which a "
+                            f"feature cannot hold{hint}: cast it to one of {tuple(dict.fromkeys(allowed))}.")
+        return FeatureSchema(name, dtype, arr.shape, "raw")
 
     def _encode_value(self, f: FeatureSchema, value):
         import tensorflow as tf
