@@ -86,16 +86,19 @@ def _removed_unless_trained(run: Run, written: list, made: list):
     updates_before = updates()
 
     def on_exit(error_type, error, traceback) -> bool:
-        trained = updates() != updates_before or (run.meter is not None and run.meter.steps_ended > 0)
-        if error_type is None or trained:
+        if error_type is None:
             return False
-        ours = {path.name for path in written} | ({run.backup.directory.name} if run.backup is not None
-                                                   and run.backup.directory.parent == run.folder else set())
-        if any(path.name not in ours for path in run.folder.iterdir()):
+        try:
+            trained = updates() != updates_before or (run.meter is not None and run.meter.steps_ended > 0)
+            ours = {path.name for path in written} | ({run.backup.directory.name} if run.backup is not None
+                                                       and run.backup.directory.parent == run.folder else set())
+            if trained or any(path.name not in ours for path in run.folder.iterdir()):
+                return False
+        except Exception:  # noqa: BLE001 - the run's own error goes on; the folder is then kept
             return False
-        for path in written:
-            path.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
+            for path in written:
+                path.unlink(missing_ok=True)
             for folder in made:
                 folder.rmdir()  # only if nothing else lives there
         return False  # the error goes on
