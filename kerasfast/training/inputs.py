@@ -684,8 +684,8 @@ def check_sparse_labels(model, y, name: str = "y") -> None:
     if not sparse or len(outputs) != 1 or not isinstance(outputs[0].shape[-1], int):
         return
     classes = outputs[0].shape[-1]
-    if (isinstance(y, np.ndarray) and y.ndim == 2 and classes > 1 and y.shape[1] == classes
-            and np.isin(y, (0, 1)).all() and (y.sum(axis=1) == 1).all()):
+    if (isinstance(y, np.ndarray) and y.ndim == 2 and len(outputs[0].shape) == 2 and classes > 1
+            and y.shape[1] == classes and np.isin(y, (0, 1)).all() and (y.sum(axis=1) == 1).all()):
         raise DataError(
             f"{name} is one-hot (shape {y.shape}, one 1 per row), but the model is compiled with the sparse "
             "categorical crossentropy, which takes class indices: pass y.argmax(axis=1), or compile with "
