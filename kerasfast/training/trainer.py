@@ -11,6 +11,9 @@ import pathlib
 import shutil
 import tempfile
 
+import keras
+import numpy as np
+
 from kerasfast import _compat
 from kerasfast.distribute import worker_state
 from kerasfast.distribute.strategy import scope_of
@@ -81,12 +84,16 @@ def _removed_unless_trained(run: Run, written: list, made: list):
     optimizers_used = [optimizer for optimizer in optimizers_used if optimizer is not None]
 
     def updates():
-        return [int(optimizer.iterations) for optimizer in optimizers_used]
+        # Read on this worker alone (a strategy's MirroredVariable has no int(); no collective is joined).
+        return [int(np.asarray(keras.ops.convert_to_numpy(optimizer.iterations))) for optimizer in optimizers_used]
 
-    updates_before = updates()
+    try:
+        updates_before = updates()
+    except Exception:  # noqa: BLE001 - an optimizer whose steps cannot be read: its folder is always kept
+        updates_before = None
 
     def on_exit(error_type, error, traceback) -> bool:
-        if error_type is None:
+        if error_type is None or updates_before is None:
             return False
         try:
             trained = updates() != updates_before or (run.meter is not None and run.meter.steps_ended > 0)
