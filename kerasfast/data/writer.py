@@ -563,7 +563,7 @@ _TIME_UNITS = {"s": "seconds", "ms": "milliseconds", "us": "microseconds", "ns":
 
 def _time_remedy(name: str, unit: str | None = None) -> str:
     """How to store dates, durations or decimals; `unit`: a datetime64 / timedelta64 column's, when known."""
-    counts = f"{_TIME_UNITS.get(unit, unit + ' units')}" if unit else "the column's time unit"
+    counts = _TIME_UNITS.get(unit, f"{unit} units") if unit else "the column's time unit"
     return (f"store it as a number (a DataFrame column: df[{name!r}].astype('int64'), a count of {counts} (since "
             f"1970 for dates); float(value) for a Decimal) or as a string (df[{name!r}].astype(str), str(value))")
 
