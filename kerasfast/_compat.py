@@ -137,6 +137,24 @@ def loss_tracker(model):
     return getattr(model, "_loss_tracker", None)
 
 
+def keras_masks(outputs) -> list:
+    """The Keras masks of a model's `outputs` (None where an output has none),
+    flat: a `tf.function`'s results are new tensors without them, and Keras
+    reads them when it computes metrics (`put_keras_masks`)."""
+    from keras.src.backend.common.masking import get_keras_mask
+
+    return [get_keras_mask(output) for output in keras.tree.flatten(outputs)]
+
+
+def put_keras_masks(outputs, masks: list) -> None:
+    """Gives `outputs` the masks `keras_masks` read from them before a `tf.function`'s boundary."""
+    from keras.src.backend.common.masking import set_keras_mask
+
+    for output, mask in zip(keras.tree.flatten(outputs), masks, strict=True):
+        if mask is not None:
+            set_keras_mask(output, mask)
+
+
 def learning_rate_store(optimizer):
     """What an optimizer keeps its learning rate in: a variable holding a
     constant, a `LearningRateSchedule` or a callable.

@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 import kerasfast
+from kerasfast.training.batch_callbacks import learning_rate_callbacks
 from tests.helpers import CountsTrainingTraces
 
 # Same batches in the same order, same float32 math through another step
@@ -1054,6 +1055,92 @@ def test_a_callback_whose_code_cannot_be_read_setting_the_rate_is_named_with_the
     result = kerasfast.fit(model, X, Y, callbacks=[namespace["Unreadable"]()], lr_schedule="constant", **options)
     assert len(result.history.history["loss"]) == 2
     assert float(model.optimizer.learning_rate) == pytest.approx(1e-4)
+
+
+class _RateLogger(keras.callbacks.Callback):
+    """Reads the rate and keeps it in attributes of its own, named as an optimizer's are."""
+
+    def __init__(self):
+        super().__init__()
+        self.rates = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.lr = float(self.model.optimizer.learning_rate)
+        self.learning_rate: float = self.lr
+        self.rates.append(self.lr)
+
+
+class _SetsThroughSetattr(keras.callbacks.Callback):
+    def on_epoch_end(this, epoch, logs=None):
+        setattr(this.model.optimizer, "learning_rate", 1e-4)  # noqa: B010 - the form under test
+
+
+class _SetsThroughItsVariable(keras.callbacks.Callback):
+    def on_train_begin(this, logs=None):
+        this.lr = this.model.optimizer.learning_rate
+
+    def on_epoch_end(this, epoch, logs=None):
+        this.lr.assign(this.lr * 0.5)
+
+
+def test_a_callback_keeping_the_rate_in_its_own_attributes_does_not_set_it():
+    assert learning_rate_callbacks([_RateLogger()]) == ()
+    assert learning_rate_callbacks([_SetsThroughSetattr(), _SetsThroughItsVariable()]) == (
+        "_SetsThroughSetattr", "_SetsThroughItsVariable")
+    # Beside a schedule (which Keras cannot set), as model.fit trains it; with kerasfast's own optimizer, the
+    # planned schedule stays.
+    model = _uncompiled()
+    decay = keras.optimizers.schedules.ExponentialDecay(0.01, decay_steps=10, decay_rate=0.5)
+    model.compile(keras.optimizers.Adam(decay), "sparse_categorical_crossentropy")
+    logger = _RateLogger()
+    kerasfast.fit(model, X, Y, batch_size=20, epochs=2, callbacks=[logger], run_dir=False, verbose=0, tune="off")
+    np.testing.assert_allclose(logger.rates, [0.005, 0.0025], rtol=1e-5)
+    result = kerasfast.fit(_uncompiled(), X, Y, loss="sparse_categorical_crossentropy", batch_size=20, epochs=2,
+                           callbacks=[_RateLogger()], run_dir=False, verbose=0, tune="off")
+    assert result.plan.lr_schedule == "warmup_cosine"
+
+
+def test_kerasfasts_own_optimizer_keeps_a_settable_rate_after_a_run_that_raised():
+    class _Interrupted(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            raise KeyboardInterrupt
+
+    model = _uncompiled()
+    with pytest.raises(KeyboardInterrupt):
+        kerasfast.fit(model, X, Y, loss="sparse_categorical_crossentropy", batch_size=20, epochs=3,
+                      learning_rate=0.01, callbacks=[_Interrupted()], run_dir=False, verbose=0, tune="off")
+    # As after a run that finished: the peak rate as a constant, which a later model.fit trains at and its
+    # callbacks can set (the schedule would have gone on decaying to 0, and refused them).
+    assert float(model.optimizer.learning_rate) == pytest.approx(0.01)
+    model.fit(X, Y, batch_size=20, epochs=2, verbose=0,
+              callbacks=[keras.callbacks.LearningRateScheduler(lambda epoch, rate: rate / 2)])
+    assert float(model.optimizer.learning_rate) == pytest.approx(0.0025)
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_training_metrics_leave_out_masked_steps_as_model_fit_does(jit_compile):
+    rng = np.random.default_rng(0)
+    tokens = np.zeros((128, 10), "int32")
+    for row, length in enumerate(rng.integers(3, 11, len(tokens))):
+        tokens[row, :length] = rng.integers(1, 20, length)
+    labels = np.where(tokens == 0, 2, tokens % 3)  # the padding's label is one the model rarely predicts
+
+    def tagger():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((10,), dtype="int32")
+        hidden = keras.layers.Embedding(20, 8, mask_zero=True)(inputs)
+        hidden = keras.layers.GRU(8, return_sequences=True)(hidden)
+        model = keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(hidden))
+        model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"],
+                      weighted_metrics=["accuracy"])
+        return model
+
+    options = dict(batch_size=32, epochs=2, shuffle=False, verbose=0)
+    expected = tagger().fit(tokens, labels, **options).history
+    got = kerasfast.fit(tagger(), tokens, labels, jit_compile=jit_compile, steps_per_execution=1, run_dir=False,
+                        tune="off", **options).history.history
+    for name in ("accuracy", "weighted_accuracy", "loss"):
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-4, err_msg=name)
 
 
 @pytest.mark.parametrize("run_dir", ["given", "default"])

@@ -143,27 +143,34 @@ class _Crash(keras.callbacks.Callback):
 class _BatchIndices(keras.callbacks.Callback):
     def __init__(self):
         super().__init__()
-        self.batches, self.steps = [], []
+        self.batches, self.steps, self.epochs = [], [], []
+
+    def on_train_begin(self, logs=None):
+        self.epochs.append(self.params["epochs"])
 
     def on_train_batch_end(self, batch, logs=None):
         self.batches.append(batch)
         self.steps.append(self.params["steps"])
 
 
-def test_an_epoch_resumed_mid_way_shows_callbacks_and_the_progress_bar_its_own_steps(digits, tmp_path, capsys):
+@pytest.mark.parametrize("verbose", [1, 2])
+def test_an_epoch_resumed_mid_way_shows_callbacks_and_the_progress_bar_its_own_steps(digits, tmp_path, capsys,
+                                                                                     verbose):
     (x, y), _ = digits
     x = x[:320].reshape(320, 64)
-    options = dict(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), epochs=1, batch_size=32,
+    options = dict(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), epochs=2, batch_size=32,
                    steps_per_execution=1, run_dir=tmp_path, backup_every=2)
     with pytest.raises(RuntimeError, match="simulated crash"):
         kerasfast.fit(_model(), (x[:320], y[:320]), callbacks=[_Crash()], verbose=0, **options)
     capsys.readouterr()
     seen = _BatchIndices()
-    kerasfast.fit(_model(), (x, y[:320]), callbacks=[seen], verbose=1, **options)
+    kerasfast.fit(_model(), (x, y[:320]), callbacks=[seen], verbose=verbose, **options)
     printed = capsys.readouterr().out
     assert "at epoch 1, step 6" in printed
-    # The epoch's last 4 of its 10 steps, counted as in the run that was not interrupted.
-    assert seen.batches == [6, 7, 8, 9] and seen.steps == [10] * 4
+    # The epoch's last 4 of its 10 steps, counted as in the run that was not interrupted, in a run of 2 epochs.
+    assert seen.batches == [6, 7, 8, 9, *range(10)] and seen.steps == [10] * 14
+    assert seen.epochs == [2]
+    assert "Epoch 1/2" in printed and "Epoch 2/2" in printed and "Epoch 1/1" not in printed
     assert "10/10" in printed and "4/4" not in printed
 
 

@@ -10,9 +10,11 @@ execution (the plan names them); the others keep longer executions.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import inspect
 import re
+import textwrap
 
 import keras
 
@@ -66,7 +68,9 @@ def learning_rate_callbacks(callbacks) -> tuple[str, ...]:
 
 
 # An assignment to an optimizer's rate in a callback's code: `.learning_rate = `,
-# `.learning_rate.assign(`, `keras.backend.set_value(....learning_rate, ...)` (or `.lr`).
+# `.learning_rate.assign(`, `keras.backend.set_value(....learning_rate, ...)` (or `.lr`);
+# read from the code's syntax tree (`_RateSetting`), or from its text where that does not parse.
+_RATE_NAMES = ("learning_rate", "lr")
 _SETS_RATE = re.compile(r"\.(?:learning_rate|lr)\s*=(?!=)|\.(?:learning_rate|lr)\.assign\(|"
                         r"set_value\([^,)]*\.(?:learning_rate|lr)\b")
 
@@ -74,7 +78,72 @@ _SETS_RATE = re.compile(r"\.(?:learning_rate|lr)\s*=(?!=)|\.(?:learning_rate|lr)
 def _sets_learning_rate(callback) -> bool:
     if isinstance(callback, LEARNING_RATE_CALLBACKS):
         return True
-    return any(_SETS_RATE.search(source) for source in map(_source, _code_of(callback)))
+    return any(_sets_rate_in(source) for source in map(_source, _code_of(callback)))
+
+
+def _sets_rate_in(source: str) -> bool:
+    try:
+        tree = ast.parse(textwrap.dedent(source))
+    except SyntaxError:  # a lambda's line, cut out of a call
+        return bool(_SETS_RATE.search(source))
+    finder = _RateSetting()
+    finder.visit(tree)
+    return finder.found
+
+
+class _RateSetting(ast.NodeVisitor):
+    """Finds code that sets an optimizer's rate. A method's own attributes
+    (`self.lr = ...`: the callback's, whatever its first parameter is called)
+    are not an optimizer's."""
+
+    def __init__(self):
+        self.found = False
+        self._selves: list = []
+
+    def visit_ClassDef(self, node):
+        for item in node.body:
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                parameters = item.args.posonlyargs + item.args.args
+                static = any(getattr(d, "id", None) == "staticmethod" for d in item.decorator_list)
+                self._selves.append(parameters[0].arg if parameters and not static else None)
+                self.generic_visit(item)
+                self._selves.pop()
+            else:
+                self.visit(item)
+
+    def _optimizers_rate(self, node) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr in _RATE_NAMES
+                and not (isinstance(node.value, ast.Name) and node.value.id in self._selves))
+
+    def _assigned(self, targets) -> None:
+        for target in targets:
+            if isinstance(target, (ast.Tuple, ast.List)):
+                self._assigned(target.elts)
+            elif self._optimizers_rate(target):
+                self.found = True
+
+    def visit_Assign(self, node):
+        self._assigned(node.targets)
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node):
+        self._assigned([node.target])
+        self.generic_visit(node)
+
+    visit_AnnAssign = visit_AugAssign
+
+    def visit_Call(self, node):
+        function, arguments = node.func, node.args
+        name = function.attr if isinstance(function, ast.Attribute) else getattr(function, "id", None)
+        if name in ("assign", "assign_add", "assign_sub"):
+            # `self.lr.assign(...)` too: an attribute holding the optimizer's variable.
+            self.found |= isinstance(function.value, ast.Attribute) and function.value.attr in _RATE_NAMES
+        elif name == "set_value" and arguments:
+            self.found |= isinstance(arguments[0], ast.Attribute) and arguments[0].attr in _RATE_NAMES
+        elif name == "setattr" and len(arguments) >= 2 and isinstance(arguments[1], ast.Constant):
+            self.found |= arguments[1].value in _RATE_NAMES and not (
+                isinstance(arguments[0], ast.Name) and arguments[0].id in self._selves)
+        self.generic_visit(node)
 
 
 def _code_of(callback) -> list:

@@ -5,6 +5,7 @@ finishing that cannot be done is a warning naming what was not written."""
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import keras
@@ -35,6 +36,27 @@ def finish_model(run: Run) -> list | None:
         if run.prepared.rebuilt:  # the copy returned as `train_model` holds the same state
             _settle_optimizer(run.train_model, run.plan)
     return summary
+
+
+@contextlib.contextmanager
+def optimizer_settled_on_error(run: Run):
+    """kerasfast's own optimizer keeps the run's peak rate after a run that
+    raised (a callback's error, Ctrl-C) too, as after one that finished: the
+    planned schedule would go on decaying in a later `model.fit`, and a
+    callback there could not set the rate. The run's own error goes on."""
+    try:
+        yield
+    except BaseException as error:
+        if run.uses_default_optimizer:
+            for model in {id(m): m for m in (run.prepared.user_model, run.train_model)}.values():
+                try:
+                    if model.optimizer is not None:
+                        optimizers.settle_after_run(model.optimizer, run.plan)
+                except Exception as failure:  # noqa: BLE001 - noted on the run's error, which goes on
+                    error.add_note(f"kerasfast: the optimizer it made for {model.name!r} also keeps the run's "
+                                   f"schedule ({type(failure).__name__}: {failure}); compile the model again "
+                                   "before training it further.")
+        raise
 
 
 def _settle_optimizer(user_model, plan) -> None:

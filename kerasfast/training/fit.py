@@ -279,7 +279,7 @@ def fit(
         model_setup.prepare(run)
         searches.run_searches(run)
         planning.plan_run(run)
-        with contextlib.ExitStack() as cleanup:
+        with contextlib.ExitStack() as cleanup, finish.optimizer_settled_on_error(run):
             # Tuning and training in one borrowed block: training goes on with
             # the steps tuning compiled, which read the block's learning rate.
             with borrowed(run.train_model, run.plan) as rate_control:

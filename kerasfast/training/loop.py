@@ -53,15 +53,16 @@ class _RestoreMetrics(keras.callbacks.Callback):
 
 class _ResumedProgbar(keras.callbacks.ProgbarLogger):
     """Keras's progress bar for an epoch resumed at `first_step`: it shows
-    the whole epoch's steps and counts on from there (Keras's own would show
-    the rest of the epoch as a whole one: "122/122")."""
+    the whole epoch's steps and the run's epochs, and counts on from there
+    (Keras's own would show the rest of the epoch as a whole one: "122/122",
+    in "Epoch 3/3" of a run of 4)."""
 
-    def __init__(self, steps: int, first_step: int):
+    def __init__(self, steps: int, first_step: int, epochs: int):
         super().__init__()
-        self._steps, self._first_step = steps, first_step
+        self._steps, self._first_step, self._epochs = steps, first_step, epochs
 
     def set_params(self, params):
-        super().set_params({**params, "steps": self._steps})
+        super().set_params({**params, "steps": self._steps, "epochs": self._epochs})
 
     def _update_progbar(self, batch, logs=None):
         super()._update_progbar(batch + self._first_step, logs)
@@ -80,14 +81,14 @@ class _InSession(keras.callbacks.Callback):
     `on_train_begin` reaches it in the first call only and `on_train_end` in
     the last (a second begin would reopen a CSVLogger's file or reset
     EarlyStopping's patience). In an epoch resumed at `first_step` its batch
-    hooks see the batch's index in the whole epoch and `params["steps"]` the
-    epoch's steps. Only the hooks the callback implements are passed on, so
+    hooks see the batch's index in the whole epoch; `params` hold the epoch's
+    steps and the run's epochs in every call. Only the hooks the callback implements are passed on, so
     Keras dispatches the same hooks (and as asynchronously) as without it.
     """
 
-    def __init__(self, callback, steps: int, first_step: int, *, begins: bool, ends: bool):
+    def __init__(self, callback, steps: int, first_step: int, epochs: int, *, begins: bool, ends: bool):
         super().__init__()
-        self.callback, self._steps, self._first_step = callback, steps, first_step
+        self.callback, self._steps, self._first_step, self._epochs = callback, steps, first_step, epochs
         for hook in _HOOKS:
             if not getattr(getattr(callback, hook), "_is_default", False):  # Keras's mark of a hook left as is
                 setattr(self, hook, self._passed_on(hook))
@@ -107,10 +108,11 @@ class _InSession(keras.callbacks.Callback):
         self.callback.set_model(model)
 
     def set_params(self, params):
-        self.callback.set_params({**params, "steps": self._steps})
+        self.callback.set_params({**params, "steps": self._steps, "epochs": self._epochs})
 
 
-def _session_callbacks(callbacks: list, verbose, steps: int, first_step: int, *, first: bool, last: bool) -> list:
+def _session_callbacks(callbacks: list, verbose, steps: int, first_step: int, epochs: int, *, first: bool,
+                       last: bool) -> list:
     """`callbacks` for one `fit` call of a run made of several (a resumed one):
     the user's see one training session (`_InSession`; kerasfast's own keep
     each call's hooks), and an epoch resumed at `first_step` gets a progress
@@ -119,12 +121,12 @@ def _session_callbacks(callbacks: list, verbose, steps: int, first_step: int, *,
 
     if first and last and not first_step:
         return callbacks
-    session = [_InSession(callback, steps, first_step, begins=first, ends=last)
+    session = [_InSession(callback, steps, first_step, epochs, begins=first, ends=last)
                if not isinstance(callback, DISPLAY_ONLY) and not type(callback).__module__.startswith("kerasfast.")
                else callback for callback in callbacks]
     has_progbar = any(isinstance(callback, keras.callbacks.ProgbarLogger) for callback in callbacks)
-    if first_step and verbose in (1, "auto") and not has_progbar:
-        session.append(_ResumedProgbar(steps, first_step))
+    if verbose in (1, 2, "auto") and not has_progbar:
+        session.append(_ResumedProgbar(steps, first_step, epochs))
     return session
 
 
@@ -271,7 +273,7 @@ def run_epochs(model, stream_from, *, plan, epochs: int, callbacks: list, verbos
                 after.append(_RestoreCallbackState(callbacks, backup.callbacks_state(progress)))
         if first_step and metric_values is not None:
             before.append(_RestoreMetrics(metric_values))
-        phase_callbacks = _session_callbacks(callbacks, verbose, steps, first_step, first=index == 0,
+        phase_callbacks = _session_callbacks(callbacks, verbose, steps, first_step, epochs, first=index == 0,
                                              last=index == len(phases) - 1)
         histories.append(model.fit(
             stream_from(done),

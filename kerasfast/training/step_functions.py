@@ -201,7 +201,9 @@ class StepFunctions:
             # Sparse (embedding) gradients differ in size between replicas,
             # which the packed all-reduce inside a loop cannot combine.
             gradients = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients]
-        return loss, y_pred, gradients
+        # The outputs' masks (an Embedding's mask_zero) are returned beside them: the metrics, computed
+        # outside an XLA-compiled forward pass, would otherwise count the padding.
+        return loss, (y_pred, _compat.keras_masks(y_pred)), gradients
 
     def _track(self, x, y, y_pred, sample_weight, loss):
         _compat.loss_tracker(self.model).update_state(
@@ -228,7 +230,8 @@ class StepFunctions:
 
         def step(data):
             x, y, sample_weight = _unpack(data)
-            loss, y_pred, gradients = compute(x, y, sample_weight)
+            loss, (y_pred, masks), gradients = compute(x, y, sample_weight)
+            _compat.put_keras_masks(y_pred, masks)
             self.optimizer.apply(self._clipped_globally(gradients), model.trainable_variables)
             return self._track(x, y, y_pred, sample_weight, loss)
 
@@ -259,7 +262,8 @@ class StepFunctions:
     def _make_replica_micro_step(self, compute):
         def micro_step(data):
             x, y, sample_weight = _unpack(data)
-            loss, y_pred, gradients = compute(x, y, sample_weight)
+            loss, (y_pred, masks), gradients = compute(x, y, sample_weight)
+            _compat.put_keras_masks(y_pred, masks)
             # A weight the loss does not reach (an unused head) has no gradient: as in Keras's own
             # accumulation, the optimizer leaves it alone (read by _replica_apply, traced after this).
             self._without_gradient = [gradient is None for gradient in gradients]
