@@ -404,6 +404,10 @@ def test_csv_header_problems_are_named_and_an_excel_bom_is_dropped(tmp_path):
     dup.write_text("a,b,a,label\n1,2,3,0\n")
     with pytest.raises(DataError, match=r"dup\.csv has two columns named 'a' \(columns 1 and 3"):
         kd.write_tfrecords(str(dup), tmp_path / "out", shards=1)
+    unnamed = tmp_path / "unnamed.csv"
+    unnamed.write_text("a,,label\n1,2,0\n")
+    with pytest.raises(DataError, match=r"unnamed\.csv's header leaves column 2 \(counting from 1\) without a name"):
+        kd.write_tfrecords(str(unnamed), tmp_path / "out", shards=1)
     typo = tmp_path / "typo.csv"
     typo.write_text("price,label\n1,0\n2,1\n")
     with pytest.raises(DataError, match=r"csv_dtypes \(kerasfast convert: --csv-dtype\) names column\(s\) \['prcie'\] "

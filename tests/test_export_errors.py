@@ -357,6 +357,51 @@ def test_representative_data_as_python_lists_is_read_as_samples(tmp_path, make):
     assert json.loads((result.out_dir / "report.json").read_text())["calibration_samples"] == 10
 
 
+def _tflite_representative(x):
+    def representative_dataset():  # TFLiteConverter's form: a function yielding a list of one batch each
+        for index in range(len(x)):
+            yield [x[index:index + 1]]
+
+    return representative_dataset
+
+
+@pytest.mark.parametrize("make", [
+    _tflite_representative, lambda x: (sample for sample in x), lambda x: iter([{"inputs": x[:4]}, {"inputs": x[4:]}]),
+], ids=["TFLite's representative_dataset function", "a generator of samples", "an iterator of dict batches"])
+def test_representative_data_from_a_generator_or_tflites_function_is_read_as_samples(tmp_path, make):
+    x = np.random.default_rng(0).normal(size=(10, 6)).astype("float32")
+    result = export_model(small_model(), tmp_path / "out", formats=["keras"], representative_data=make(x))
+    assert json.loads((result.out_dir / "report.json").read_text())["calibration_samples"] == 10
+
+
+def test_representative_data_from_a_function_that_returns_no_samples_is_refused(previous_export):
+    with pytest.raises(DataError, match="representative_data is a function that returned int, not samples"):
+        export_model(small_model(), previous_export, formats=["tflite_int8"], representative_data=lambda: 3)
+    assert_untouched(previous_export)
+
+
+def test_eval_data_keyed_by_the_models_input_name_is_its_input(tmp_path):
+    keras.utils.set_random_seed(0)
+    age = keras.Input((3,), name="age")
+    model = keras.Model({"age": age}, keras.layers.Dense(2)(age))
+    x = np.random.default_rng(0).normal(size=(10, 3)).astype("float32")
+    labels = np.argmax(model.predict(x, verbose=0), axis=1)
+    result = export_model(model, tmp_path / "out", formats=["keras"], eval_data=({"age": x}, labels))
+    assert result.rows[0].accuracy == 1.0
+
+
+@pytest.mark.parametrize("eval_data, message", [
+    (({"a": np.zeros((4, 6), "float32"), "b": np.zeros((4, 6), "float32")}, np.zeros(4)),
+     r"eval_data x is a dict of 2 inputs \(a, b\); export takes models of one input"),
+    (tf.data.Dataset.from_tensor_slices((np.zeros((4, 6), "float32"), np.zeros(4), np.ones(4))).batch(2),
+     r"eval_data dataset yields 3 parts, \(x, y, sample_weight\): export's evaluation does not weight samples"),
+], ids=["a dict of two inputs", "a dataset with sample weights"])
+def test_eval_data_export_cannot_take_as_given_is_refused(previous_export, eval_data, message):
+    with pytest.raises(DataError, match=message):
+        export_model(small_model(), previous_export, formats=["keras"], eval_data=eval_data)
+    assert_untouched(previous_export)
+
+
 def trained_two_class_model():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(300, 16)).astype("float32")

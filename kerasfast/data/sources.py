@@ -708,10 +708,13 @@ def _checked_text(path, data: bytes, start: int, line: int) -> bytes:
 
 
 def _check_csv_header(path, header, csv_dtypes) -> None:
-    """Refuses a column name used twice (one column would replace the other) and csv_dtypes naming no
-    column (a misspelt name would leave the column to inference without a word)."""
+    """Refuses a column without a name, a name used twice (one column would replace the other) and
+    csv_dtypes naming no column (a misspelt name would leave the column to inference without a word)."""
     seen: dict = {}
     for position, name in enumerate(header, start=1):
+        if not name.strip():
+            raise DataError(f"{path}'s header leaves column {position} (counting from 1) without a name, which "
+                            f"would become a feature named {name!r}; name it in the header (or drop the column).")
         if name in seen:
             raise DataError(f"{path} has two columns named {name!r} (columns {seen[name]} and {position}, "
                             f"counting from 1), which would become one feature; rename one of them in the header.")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import dataclasses
 import numbers
@@ -325,9 +326,11 @@ def _dataset_batches(dataset, argument: str, sample_rank: int, limit: int, *, wi
         parts = element if isinstance(element, (tuple, list)) else (element,)
         if with_labels and len(parts) < 2:
             raise DataError(f"{argument} dataset must yield (x, y) pairs (batched or single samples).")
-        if isinstance(parts[0], dict):
-            raise DataError(f"{argument} yields dicts; single-input export takes inputs as arrays.")
-        x = np.asarray(parts[0])
+        if with_labels and len(parts) > 2:
+            raise DataError(f"{argument} dataset yields {len(parts)} parts, (x, y, sample_weight): export's "
+                            "evaluation does not weight samples, and would report an unweighted accuracy; yield "
+                            "(x, y), e.g. dataset.map(lambda x, y, w: (x, y)).")
+        x = np.asarray(_single_input(parts[0], argument))
         single = x.ndim == sample_rank
         xs.append(x[None, ...] if single else x)
         if with_labels:
@@ -351,19 +354,52 @@ def _concatenate(batches, argument: str) -> np.ndarray:
         ) from error
 
 
+def _single_input(x, argument: str):
+    """The model's one input of `x`: a dict of one entry (a functional model's inputs by name) gives its value."""
+    if not isinstance(x, dict):
+        return x
+    if len(x) != 1:
+        raise DataError(f"{argument} is a dict of {len(x)} inputs ({', '.join(map(str, x))}); export takes "
+                        "models of one input.")
+    return next(iter(x.values()))
+
+
+def _generated_batches(data, argument: str, sample_rank: int, limit: int) -> list:
+    """Input batches of a generator, or of a function returning one (TFLite's `representative_dataset`:
+    each item a list holding a batch), up to about `limit` samples."""
+    items = data() if callable(data) else data
+    xs, count = [], 0
+    try:
+        for item in items:
+            if isinstance(item, (tuple, list)) and item and _ndim(item[0]) >= sample_rank:
+                item = item[0]
+            x = np.asarray(_single_input(item, argument))
+            xs.append(x[None, ...] if x.ndim == sample_rank else x)
+            count += len(xs[-1]) if xs[-1].ndim else 1
+            if count >= limit:
+                break
+    except TypeError as error:  # the function returned something that is not iterable
+        raise DataError(f"{argument} is a function that returned {type(items).__name__}, not samples; pass an "
+                        "array of inputs, a tf.data.Dataset, or a generator of batches.") from error
+    if not xs:
+        raise DataError(f"{argument} yielded no samples; pass a few hundred input samples.")
+    return xs
+
+
 def _take_inputs(data, limit, argument, sample_rank):
-    """First `limit` input samples of arrays / (x, y) tuples / datasets."""
+    """First `limit` input samples of arrays / (x, y) tuples / datasets / generators of batches."""
     if data is None:
         return None
     if isinstance(data, tf.data.Dataset):
         xs, _ = _dataset_batches(data, argument, sample_rank, limit, with_labels=False)
         return _concatenate(xs, argument)[:limit]
+    if callable(data) or isinstance(data, collections.abc.Iterator):
+        return _concatenate(_generated_batches(data, argument, sample_rank, limit), argument)[:limit]
     # A tuple, or a list starting with a whole batch, is (x, y); any other
     # list (e.g. x.tolist()) holds the samples themselves.
     if isinstance(data, tuple) or (isinstance(data, list) and data and _ndim(data[0]) > sample_rank):
         data = data[0]
-    if isinstance(data, dict):
-        raise DataError(f"{argument} is a dict; single-input export takes an array of inputs.")
+    data = _single_input(data, argument)
     try:
         array = np.asarray(data)
     except Exception as error:
@@ -504,7 +540,7 @@ def check_eval_data(eval_data, signature: ModelSignature, limit: int = 100_000):
         xs, ys = _dataset_batches(eval_data, "eval_data", len(signature.input_shape), limit, with_labels=True)
         x, y = _concatenate(xs, "eval_data"), _concatenate(ys, "eval_data labels")
     elif isinstance(eval_data, (tuple, list)) and len(eval_data) == 2:
-        x, y = np.asarray(eval_data[0]), np.asarray(eval_data[1])
+        x, y = np.asarray(_single_input(eval_data[0], "eval_data x")), np.asarray(eval_data[1])
     else:
         raise DataError("eval_data must be an (x, y) tuple of arrays or a tf.data.Dataset of (x, y) batches.")
     x = check_inputs(x[:limit], signature, argument="eval_data x", limit=limit)
