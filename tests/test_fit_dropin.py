@@ -350,6 +350,28 @@ def test_a_callback_that_stops_training_leaves_stop_training_set_as_keras_does(t
     assert result.history.epoch == [0, 1] and int(model.optimizer.iterations) == 20
 
 
+@pytest.mark.parametrize("hook", ["on_train_begin", "on_epoch_begin"])
+def test_a_stop_asked_for_before_a_batch_ends_the_run_after_one_step_as_model_fit_does(hook):
+    class StopBeforeABatch(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            if hook == "on_train_begin":
+                self.model.stop_training = True
+
+        def on_epoch_begin(self, epoch, logs=None):
+            if hook == "on_epoch_begin" and epoch == 1:
+                self.model.stop_training = True
+
+    updates = {}
+    for fit in ("keras", "kerasfast"):
+        model = _model()
+        options = dict(batch_size=20, epochs=3, shuffle=False, callbacks=[StopBeforeABatch()], verbose=0)
+        model.fit(X, Y, **options) if fit == "keras" else kerasfast.fit(model, X, Y, tune="off", run_dir=False,
+                                                                       **options)
+        updates[fit] = int(model.optimizer.iterations)
+    # Without per-batch hooks kerasfast runs a whole epoch per execution; the stop is seen before it.
+    assert updates["kerasfast"] == updates["keras"] == (1 if hook == "on_train_begin" else 11)
+
+
 def test_a_layer_kept_float32_in_a_mixed_precision_model_stays_float32():
     """A model built under mixed_bfloat16 with a hidden layer pinned to float32 trains
     under precision='mixed_bfloat16' exactly as Keras trains it: the pinned layer is not
@@ -1332,6 +1354,15 @@ def test_a_tuple_without_y_is_still_x_y_where_the_model_needs_a_y(make, x):
     kerasfast.fit(ours, (x, Y), batch_size=20, epochs=2, shuffle=False, precision="float32", tune="off",
                   run_dir=False, verbose=0)
     _assert_same_weights(keras_model, ours)
+
+
+@pytest.mark.parametrize("name", ["y", "sample_weight"])
+def test_targets_or_weights_keras_cannot_read_beside_arrays_are_named(name):
+    given = {"y": Y, "sample_weight": None, name: [float(value) for value in Y]}  # a Python list of numbers
+    with pytest.raises(kerasfast.DataError, match=rf"^data: {name} of type list cannot be read beside the arrays of x "
+                                                  rf"\(model.fit refuses it too\); pass it as an array, e.g. "
+                                                  rf"np.asarray\({name}\)"):
+        kerasfast.fit(_model(), X, epochs=1, tune="off", run_dir=False, verbose=0, **given)
 
 
 @pytest.mark.parametrize("data", ["arrays", "dataset"])

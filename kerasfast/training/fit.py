@@ -283,6 +283,8 @@ def fit(
             # Tuning and training in one borrowed block: training goes on with
             # the steps tuning compiled, which read the block's learning rate.
             with borrowed(run.train_model, run.plan) as rate_control:
+                # As model.fit starts: an earlier run's stop is not this one's (tuning's executions read it).
+                run.train_model.stop_training = False
                 trainer.attach_pruning(run)
                 tune_plan(run)
                 _show_plan(run)

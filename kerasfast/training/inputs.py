@@ -502,6 +502,11 @@ def _prepared(x, y, sample_weight, reading: _Reading) -> PreparedData:
     if isinstance(x, keras.utils.PyDataset) or hasattr(x, "__next__"):
         _no_arrays_beside(x, y, sample_weight, f"a {type(x).__name__}")
         return _from_adapter(x, class_weight, reading.shuffle, what)
+    if _compat.can_convert_arrays((x,)):
+        for name, value in (("y", y), ("sample_weight", sample_weight)):
+            if value is not None and not _compat.can_convert_arrays((value,)):
+                raise DataError(f"{what}: {name} of type {type(value).__name__} cannot be read beside the arrays of x "
+                                f"(model.fit refuses it too); pass it as an array, e.g. np.asarray({name}).")
     raise DataError(
         f"{what} of type {type(x).__name__} is not supported: pass arrays (NumPy, tensors, pandas; a dict, list or "
         "tuple of them for several inputs), a tf.data.Dataset, a keras.utils.PyDataset, a generator, or a TFRecord "

@@ -450,6 +450,10 @@ class StepFunctions:
 
         def train(iterator):
             count = self.steps_per_execution
+            if getattr(self.model, "stop_training", False):
+                # A callback asked to stop before this execution (in on_epoch_begin or on_train_begin):
+                # model.fit, at its one step per execution, runs one step more and stops; so does the run.
+                count = 1
             if self.steps_per_epoch:
                 count = min(count, self.steps_per_epoch - self.micro_steps % self.steps_per_epoch)
             if not self._logs_from_metrics and not executions and count > 1:
