@@ -367,7 +367,9 @@ def _tflite_representative(x):
 
 @pytest.mark.parametrize("make", [
     _tflite_representative, lambda x: (sample for sample in x), lambda x: iter([{"inputs": x[:4]}, {"inputs": x[4:]}]),
-], ids=["TFLite's representative_dataset function", "a generator of samples", "an iterator of dict batches"])
+    lambda x: (x[start:start + 5].tolist() for start in (0, 5)), lambda x: ((x[i], i % 3) for i in range(len(x))),
+], ids=["TFLite's representative_dataset function", "a generator of samples", "an iterator of dict batches",
+        "a generator of batches as lists of rows", "a generator of (sample, label) pairs"])
 def test_representative_data_from_a_generator_or_tflites_function_is_read_as_samples(tmp_path, make):
     x = np.random.default_rng(0).normal(size=(10, 6)).astype("float32")
     result = export_model(small_model(), tmp_path / "out", formats=["keras"], representative_data=make(x))
@@ -377,6 +379,16 @@ def test_representative_data_from_a_generator_or_tflites_function_is_read_as_sam
 def test_representative_data_from_a_function_that_returns_no_samples_is_refused(previous_export):
     with pytest.raises(DataError, match="representative_data is a function that returned int, not samples"):
         export_model(small_model(), previous_export, formats=["tflite_int8"], representative_data=lambda: 3)
+    with pytest.raises(DataError, match=r"representative_data is a function of 1 argument\(s\) \(n, ...\); pass one "
+                                        r"that takes none"):
+        export_model(small_model(), previous_export, formats=["tflite_int8"], representative_data=lambda n: n)
+
+    def failing():  # the generator's own error is its own
+        yield np.zeros((1, 6), "float32")
+        raise TypeError("the user's own bug")
+
+    with pytest.raises(TypeError, match="the user's own bug"):
+        export_model(small_model(), previous_export, formats=["tflite_int8"], representative_data=failing)
     assert_untouched(previous_export)
 
 

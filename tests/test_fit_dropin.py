@@ -350,8 +350,10 @@ def test_a_callback_that_stops_training_leaves_stop_training_set_as_keras_does(t
     assert result.history.epoch == [0, 1] and int(model.optimizer.iterations) == 20
 
 
-@pytest.mark.parametrize("hook", ["on_train_begin", "on_epoch_begin"])
-def test_a_stop_asked_for_before_a_batch_ends_the_run_after_one_step_as_model_fit_does(hook):
+@pytest.mark.parametrize("hook, steps_per_execution", [("on_train_begin", None), ("on_epoch_begin", None),
+                                                        ("on_epoch_begin", 4)])
+def test_a_stop_asked_for_before_a_batch_ends_the_run_after_one_execution_as_model_fit_does(hook,
+                                                                                            steps_per_execution):
     class StopBeforeABatch(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
             if hook == "on_train_begin":
@@ -364,12 +366,15 @@ def test_a_stop_asked_for_before_a_batch_ends_the_run_after_one_step_as_model_fi
     updates = {}
     for fit in ("keras", "kerasfast"):
         model = _model()
+        if steps_per_execution:  # the user's count: model.fit runs the whole execution before it stops
+            model.compile(model.optimizer, model.loss, steps_per_execution=steps_per_execution)
         options = dict(batch_size=20, epochs=3, shuffle=False, callbacks=[StopBeforeABatch()], verbose=0)
         model.fit(X, Y, **options) if fit == "keras" else kerasfast.fit(model, X, Y, tune="off", run_dir=False,
                                                                        **options)
         updates[fit] = int(model.optimizer.iterations)
     # Without per-batch hooks kerasfast runs a whole epoch per execution; the stop is seen before it.
-    assert updates["kerasfast"] == updates["keras"] == (1 if hook == "on_train_begin" else 11)
+    assert updates["kerasfast"] == updates["keras"] == {"on_train_begin": 1, "on_epoch_begin": 11}[hook] + (
+        steps_per_execution - 1 if steps_per_execution else 0)
 
 
 def test_a_layer_kept_float32_in_a_mixed_precision_model_stays_float32():
@@ -1105,10 +1110,23 @@ class _SetsThroughItsVariable(keras.callbacks.Callback):
         this.lr.assign(this.lr * 0.5)
 
 
+class _Outer:
+    class _LoggerWithANote(keras.callbacks.Callback):  # indented, with a string's lines at column 0
+        def on_epoch_end(self, epoch, logs=None):
+            self.note = """
+the rate, read"""
+            self.lr = float(self.model.optimizer.learning_rate)
+
+
+_RATES_SET = []
+_SETTER_ON_A_CONTINUED_LINE = keras.callbacks.LambdaCallback(
+    on_epoch_end=lambda epoch, logs: setattr(_RATES_SET[0], "learning_rate", 0.1))
+
+
 def test_a_callback_keeping_the_rate_in_its_own_attributes_does_not_set_it():
-    assert learning_rate_callbacks([_RateLogger()]) == ()
-    assert learning_rate_callbacks([_SetsThroughSetattr(), _SetsThroughItsVariable()]) == (
-        "_SetsThroughSetattr", "_SetsThroughItsVariable")
+    assert learning_rate_callbacks([_RateLogger(), _Outer._LoggerWithANote()]) == ()
+    assert learning_rate_callbacks([_SetsThroughSetattr(), _SetsThroughItsVariable(), _SETTER_ON_A_CONTINUED_LINE]) == (
+        "_SetsThroughSetattr", "_SetsThroughItsVariable", "LambdaCallback")
     # Beside a schedule (which Keras cannot set), as model.fit trains it; with kerasfast's own optimizer, the
     # planned schedule stays.
     model = _uncompiled()

@@ -472,7 +472,7 @@ def test_terminate_on_nan_ends_the_run_as_model_fit_does_on_the_rolled_back_stat
     printed = capsys.readouterr().out
     assert "rolled back to epoch 1, step 0" in printed and "Invalid loss, terminating training" in printed
     # The rollback's "skipping the batches in between" is followed by what became of the run.
-    assert ("a callback stopped the run at that divergence (as TerminateOnNaN does), so it does not train on from "
-            "there; the model holds the state it was rolled back to (epoch 1, step 0)") in printed
+    assert ("a callback stopped the run right after that rollback (TerminateOnNaN does, at a divergence), so it does "
+            "not train on from there; the model holds the state it was rolled back to (epoch 1, step 0)") in printed
     assert result.history.epoch == [0] and not np.isfinite(result.history.history["loss"][0])  # Keras logs it
     assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights(), strict=True))

@@ -714,7 +714,8 @@ def _check_csv_header(path, header, csv_dtypes) -> None:
     for position, name in enumerate(header, start=1):
         if not name.strip():
             raise DataError(f"{path}'s header leaves column {position} (counting from 1) without a name, which "
-                            f"would become a feature named {name!r}; name it in the header (or drop the column).")
+                            f"would become a feature named {name!r}; name it in the header, or drop the column (a DataFrame's "
+                            "index, which df.to_csv() writes unnamed: write it with index=False).")
         if name in seen:
             raise DataError(f"{path} has two columns named {name!r} (columns {seen[name]} and {position}, "
                             f"counting from 1), which would become one feature; rename one of them in the header.")

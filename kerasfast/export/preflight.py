@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections.abc
 import contextlib
 import dataclasses
+import inspect
 import numbers
 import os
 import re
@@ -367,20 +368,33 @@ def _single_input(x, argument: str):
 def _generated_batches(data, argument: str, sample_rank: int, limit: int) -> list:
     """Input batches of a generator, or of a function returning one (TFLite's `representative_dataset`:
     each item a list holding a batch), up to about `limit` samples."""
-    items = data() if callable(data) else data
-    xs, count = [], 0
+    if callable(data):
+        try:
+            parameters = inspect.signature(data).parameters.values()
+        except (TypeError, ValueError):  # a built-in without a signature Python can read
+            parameters = []
+        required = [p for p in parameters
+                    if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if required:
+            raise DataError(f"{argument} is a function of {len(required)} argument(s) ({required[0].name}, ...); "
+                            "pass one that takes none and yields batches (TFLite's representative_dataset form).")
+        data = data()
     try:
-        for item in items:
-            if isinstance(item, (tuple, list)) and item and _ndim(item[0]) >= sample_rank:
-                item = item[0]
-            x = np.asarray(_single_input(item, argument))
-            xs.append(x[None, ...] if x.ndim == sample_rank else x)
-            count += len(xs[-1]) if xs[-1].ndim else 1
-            if count >= limit:
-                break
-    except TypeError as error:  # the function returned something that is not iterable
-        raise DataError(f"{argument} is a function that returned {type(items).__name__}, not samples; pass an "
+        items = iter(data)
+    except TypeError as error:
+        raise DataError(f"{argument} is a function that returned {type(data).__name__}, not samples; pass an "
                         "array of inputs, a tf.data.Dataset, or a generator of batches.") from error
+    xs, count = [], 0
+    for item in items:
+        # (x, y) pairs, and TFLite's one-batch lists; a list of several samples is the samples themselves.
+        if isinstance(item, tuple) or (isinstance(item, list) and item
+                                       and (len(item) == 1 or _ndim(item[0]) > sample_rank)):
+            item = item[0]
+        x = np.asarray(_single_input(item, argument))
+        xs.append(x[None, ...] if x.ndim == sample_rank else x)
+        count += len(xs[-1]) if xs[-1].ndim else 1
+        if count >= limit:
+            break
     if not xs:
         raise DataError(f"{argument} yielded no samples; pass a few hundred input samples.")
     return xs

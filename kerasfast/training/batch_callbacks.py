@@ -72,7 +72,7 @@ def learning_rate_callbacks(callbacks) -> tuple[str, ...]:
 # read from the code's syntax tree (`_RateSetting`), or from its text where that does not parse.
 _RATE_NAMES = ("learning_rate", "lr")
 _SETS_RATE = re.compile(r"\.(?:learning_rate|lr)\s*=(?!=)|\.(?:learning_rate|lr)\.assign\(|"
-                        r"set_value\([^,)]*\.(?:learning_rate|lr)\b")
+                        r"set_value\([^,)]*\.(?:learning_rate|lr)\b|setattr\([^,)]*,\s*[\"'](?:learning_rate|lr)[\"']")
 
 
 def _sets_learning_rate(callback) -> bool:
@@ -84,8 +84,11 @@ def _sets_learning_rate(callback) -> bool:
 def _sets_rate_in(source: str) -> bool:
     try:
         tree = ast.parse(textwrap.dedent(source))
-    except SyntaxError:  # a lambda's line, cut out of a call
-        return bool(_SETS_RATE.search(source))
+    except SyntaxError:
+        try:  # an indented class whose strings hold unindented lines, which dedent leaves as they are
+            tree = ast.parse("if True:\n" + source)
+        except SyntaxError:  # a lambda's line, cut out of a call
+            return bool(_SETS_RATE.search(source))
     finder = _RateSetting()
     finder.visit(tree)
     return finder.found

@@ -277,14 +277,14 @@ def fit(
         facts.start(run)
         feed.prepare(run, run.args.overrides.batch_size)
         model_setup.prepare(run)
+        # As model.fit starts: an earlier run's stop is not this one's (the searches' and tuning's steps read it).
+        run.train_model.stop_training = False
         searches.run_searches(run)
         planning.plan_run(run)
         with contextlib.ExitStack() as cleanup, finish.optimizer_settled_on_error(run):
             # Tuning and training in one borrowed block: training goes on with
             # the steps tuning compiled, which read the block's learning rate.
             with borrowed(run.train_model, run.plan) as rate_control:
-                # As model.fit starts: an earlier run's stop is not this one's (tuning's executions read it).
-                run.train_model.stop_training = False
                 trainer.attach_pruning(run)
                 tune_plan(run)
                 _show_plan(run)

@@ -294,9 +294,9 @@ class DivergenceGuard(keras.callbacks.Callback):
         # model.fit, without an error: its model is the state it was rolled back to.
         stopped_by_a_callback = getattr(self.model, "stop_training", False)
         if stopped_by_a_callback and self.recoveries and self._good_steps_since_rollback == 0 and self.is_chief:
-            print(f"kerasfast: a callback stopped the run at that divergence (as TerminateOnNaN does), so it does not "
-                  f"train on from there; the model holds the state it was rolled back to (epoch {self._snapshot_at[0] + 1}, "
-                  f"step {self._snapshot_at[1]}).")
+            print(f"kerasfast: a callback stopped the run right after that rollback (TerminateOnNaN does, at a "
+                  f"divergence), so it does not train on from there; the model holds the state it was rolled back to "
+                  f"(epoch {self._snapshot_at[0] + 1}, step {self._snapshot_at[1]}).")
         if (self._good_steps_since_rollback == 0 and self._snapshot_at == self._start_snapshot_at
                 and not stopped_by_a_callback):
             raise TrainingError(

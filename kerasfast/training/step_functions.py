@@ -148,14 +148,20 @@ class StepFunctions:
             XLA-compiled pass with causal self-attention in query blocks.
         dropout: The plan's `dropout`: "hashed" traces the pass with
             dropout masks from a counter hash.
+        stops_within_one_step: `steps_per_execution` is kerasfast's choice,
+            not the user's: a stop a callback asks for before an execution
+            makes it one step, as `model.fit` at its default of one step per
+            execution runs one step more (at the user's count, it runs the
+            whole execution, as `model.fit` at that count does).
     """
 
     def __init__(self, model, strategy, *, steps_per_execution: int, grad_accum_steps: int, jit_compile: bool,
                  micro_steps_done: int = 0, steps_per_epoch: int | None = None, optimizer=None,
                  own_train_step: bool = False, own_test_step: bool = False, precision: str = "float32",
                  remat: str | None = None, clipnorm: float | None = None, attention: str = ATTENTION_KERAS,
-                 dropout: str = DROPOUT_KERAS):
+                 dropout: str = DROPOUT_KERAS, stops_within_one_step: bool = False):
         self.model = model
+        self.stops_within_one_step = stops_within_one_step
         self.attention = attention
         self.dropout = dropout
         self.clipnorm = clipnorm
@@ -450,9 +456,8 @@ class StepFunctions:
 
         def train(iterator):
             count = self.steps_per_execution
-            if getattr(self.model, "stop_training", False):
-                # A callback asked to stop before this execution (in on_epoch_begin or on_train_begin):
-                # model.fit, at its one step per execution, runs one step more and stops; so does the run.
+            if self.stops_within_one_step and getattr(self.model, "stop_training", False):
+                # A callback asked to stop before this execution (in on_epoch_begin or on_train_begin).
                 count = 1
             if self.steps_per_epoch:
                 count = min(count, self.steps_per_epoch - self.micro_steps % self.steps_per_epoch)
@@ -578,16 +583,19 @@ class StepFunctions:
                 in this run (`tuning.tune_plan`): they train from here, and
                 their compiled executions are not compiled a second time.
         """
+        stops_within_one_step = "steps_per_execution" not in plan.overridden
         if measured is not None:
             steps = measured
             steps.restart(plan.steps_per_epoch, own_test_step=own_test_step)
+            steps.stops_within_one_step = stops_within_one_step
         else:
             steps = cls(model, strategy, steps_per_execution=plan.steps_per_execution,
                         grad_accum_steps=plan.grad_accum_steps, jit_compile=plan.jit_compile,
                         micro_steps_done=micro_steps_done, steps_per_epoch=plan.steps_per_epoch, optimizer=optimizer,
                         own_train_step=plan.train_step == "yours", own_test_step=own_test_step,
                         precision=plan.precision, remat=plan.remat, clipnorm=plan.clipnorm,
-                        attention=plan.attention, dropout=plan.dropout)
+                        attention=plan.attention, dropout=plan.dropout,
+                        stops_within_one_step=stops_within_one_step)
         steps.install()
         return steps
 
