@@ -381,6 +381,12 @@ def finish(out, result, metrics: dict, *, unit: str = "samples/s", rate_scale: f
         "strategy": result.plan.strategy,
         "num_replicas": result.plan.num_replicas,
     }
+    from kerasfast.reporting.sources import LEFT_FROM_EARLIER_RUNS, earlier_folders
+
+    if result.run_dir is not None:  # the report leaves out what this run did not write
+        earlier = earlier_folders(out, pathlib.Path(result.run_dir))
+        if earlier:
+            metrics[LEFT_FROM_EARLIER_RUNS] = earlier
     write_json(out / "metrics.json", metrics)
     plot_history(result.history.history, out / "curves.png", title=out.name)
     if rate:
@@ -683,11 +689,16 @@ def interrupted(out) -> click.exceptions.Exit:
     from kerasfast.training.backup import STATE_FILE
 
     folder = pathlib.Path(out) if out is not None else None
+    phases = sorted(path.parent.parent.name for path in folder.glob(f"*/backup/{STATE_FILE}")) if folder else []
     if folder is None:
         message = "Interrupted."
-    elif [*folder.glob(f"backup/{STATE_FILE}"), *folder.glob(f"*/backup/{STATE_FILE}")]:
+    elif (folder / "backup" / STATE_FILE).is_file() or "train" in phases:
         message = (f"Interrupted: {folder} holds a backup of the run. Run the same command again to resume "
                    "from it, or add --resume fresh to start afresh.")
+    elif phases:  # a later phase's backup resumes only beside training's (`next_phase_options`)
+        message = (f"Interrupted in {folder / phases[0]}, after training had finished: running the command again "
+                   f"trains and {phases[0]}s afresh (a backup of {phases[0]}/ resumes only with a training run that "
+                   "resumes too).")
     else:
         message = f"Interrupted before a backup was saved in {folder}: running the command again starts afresh."
     click.echo(message, err=True)

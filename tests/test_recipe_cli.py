@@ -114,6 +114,21 @@ def test_ctrl_c_of_the_quickstart_exits_130(tmp_path):
     assert f"Interrupted: {out} holds a backup of the run" in stderr and "Aborted!" not in stderr
 
 
+def test_ctrl_c_while_pruning_after_training_finished_says_the_command_starts_afresh(tmp_path, capsys):
+    # The pruning phase resumes only beside a training phase that resumes (next_phase_options).
+    out = tmp_path / "run"
+    for phase in ("prune", "train"):
+        (out / phase / "backup").mkdir(parents=True)
+        (out / phase / "backup" / "state.npz").write_bytes(b"")
+        assert recipes.interrupted(out).exit_code == 130
+        said = capsys.readouterr().err
+        if phase == "prune":
+            assert (f"Interrupted in {out / 'prune'}, after training had finished: running the command again trains "
+                    "and prunes afresh") in said and "resume from it" not in said
+        else:
+            assert f"Interrupted: {out} holds a backup of the run. Run the same command again to resume" in said
+
+
 def tiny_text_encoder(path: pathlib.Path) -> pathlib.Path:
     model = recipes.load_recipe("text_classification").text_encoder(16, 2, embed_dim=8, num_heads=1, num_blocks=1,
                                                                      feed_forward_dim=8)

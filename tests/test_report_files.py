@@ -69,3 +69,24 @@ def test_a_rerun_without_a_timeline_or_pruning_drops_the_earlier_runs_plots(fini
     assert not (folder / "throughput.png").exists() and not (folder / "sparsity.png").exists()
     assert (folder / "curves.png").is_file()
     assert "No throughput timeline" in (folder / "report.html").read_text(encoding="utf-8")
+
+
+def test_a_recipe_run_again_without_pruning_reports_only_what_it_wrote(finished, digits, tmp_path):
+    # As `kerasfast recipe NAME --prune 0.5`, then the same command without --prune into the same folder.
+    from kerasfast import recipes
+
+    out = tmp_path / "recipe"
+    shutil.copytree(finished, out / "prune")  # the earlier run's pruning phase
+    (x, y), _ = digits
+    trained = kerasfast.fit(small_convnet(), x[:256], y[:256], epochs=1, run_dir=out / "train", **FIT)
+    metrics = recipes.finish(out, trained, {"test_accuracy": 0.5})
+
+    assert metrics["left_from_earlier_runs"] == ["prune"]
+    assert json.loads((out / "metrics.json").read_text())["left_from_earlier_runs"] == ["prune"]
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert "Run: train/" in page and "Run: prune/" not in page
+    assert "Not from this run, so not shown: prune/ (left in the folder by an earlier run)." in page
+    # Run again with --prune, the pruning phase is this run's own again.
+    (out / "prune" / "plan.json").touch()
+    assert "left_from_earlier_runs" not in recipes.finish(out, trained, {"test_accuracy": 0.5})
+    assert "Run: prune/" in (out / "report.html").read_text(encoding="utf-8")

@@ -19,8 +19,8 @@ import warnings
 from kerasfast.errors import ReportError
 from kerasfast.reporting import page, plots
 from kerasfast.reporting.sources import (
-    ExportRecord, RunRecord, export_folders, is_export_folder, is_run_folder, read_export, read_json, read_run,
-    run_folders,
+    LEFT_FROM_EARLIER_RUNS, ExportRecord, RunRecord, export_folders, is_export_folder, is_run_folder, read_export,
+    read_json, read_run, run_folders,
 )
 
 REPORT_FILE = "report.html"
@@ -87,6 +87,14 @@ def write_report(folder) -> pathlib.Path:
             "unless run_dir=False)."
         )
     parts = _results_parts(folder)
+    earlier = _left_from_earlier_runs(folder)
+    if earlier:
+        runs = [run for run in runs if run.name not in earlier]
+        exports = [export for export in exports if export.name not in earlier]
+        for name in earlier:  # an earlier export's plot would pass for this run's
+            (folder / f"{name}.png").unlink(missing_ok=True)
+        parts.append(page.paragraph(f"Not from this run, so not shown: {', '.join(f'{name}/' for name in earlier)} "
+                                    "(left in the folder by an earlier run)."))
     for run in runs:
         record = read_run(run)
         sub_parts = _run_parts(record, level=3)
@@ -267,6 +275,12 @@ def _export_parts(record: ExportRecord, png: pathlib.Path, *, level: int, title:
     parts.append(page.table(columns, rows, numeric=("size (KB)", "gzipped (KB)", "sparsity", "accuracy", "loss",
                                                     "max diff vs Keras", "ms/sample")))
     return parts
+
+
+def _left_from_earlier_runs(folder: pathlib.Path) -> list[str]:
+    """The sub-folders a recipe's `metrics.json` lists as an earlier run's (`recipes.finish`)."""
+    path = folder / "metrics.json"
+    return list(read_json(path).get(LEFT_FROM_EARLIER_RUNS, [])) if path.is_file() else []
 
 
 def _results_parts(folder: pathlib.Path) -> list[str]:

@@ -19,6 +19,8 @@ from kerasfast.errors import ReportError
 
 RUN_FILES = ("plan.json", "history.json", "result.json")
 EXPORT_FILE = "report.json"
+# metrics.json's list of the sub-folders an earlier run into the same folder left (`earlier_folders`).
+LEFT_FROM_EARLIER_RUNS = "left_from_earlier_runs"
 
 _HOW_TO_GET = {
     "plan.json": "kerasfast.fit writes it before training when run_dir= is a folder (not False)",
@@ -187,3 +189,21 @@ def run_folders(folder: pathlib.Path) -> list[pathlib.Path]:
     """
     found = [sub for sub in folder.iterdir() if sub.is_dir() and is_run_folder(sub)]
     return sorted(found, key=lambda sub: ((sub / "plan.json").stat().st_mtime, sub.name))
+
+
+def earlier_folders(folder: pathlib.Path, run: pathlib.Path) -> list[str]:
+    """The run and export folders inside `folder` written before the run in `run` started: left by an
+    earlier run into the same folder (a recipe run again without --prune leaves the last one's prune/).
+
+    Example:
+
+    >>> earlier_folders(pathlib.Path("runs"), pathlib.Path("runs/missing"))
+    []
+    """
+    started = run / "plan.json"
+    if not started.is_file():
+        return []
+    since = started.stat().st_mtime_ns
+    written = {sub: sub / ("plan.json" if is_run_folder(sub) else EXPORT_FILE)
+               for sub in [*run_folders(folder), *export_folders(folder)] if sub != run}
+    return sorted(sub.name for sub, marker in written.items() if marker.stat().st_mtime_ns < since)
