@@ -117,7 +117,8 @@ def _sparsity(text: str) -> float:
     return value
 
 
-def parser(description: str, *, epochs: int, batch_size: int, out: str | None = None) -> argparse.ArgumentParser:
+def parser(description: str, *, epochs: int, batch_size: int, out: str | None = None,
+           epochs_help: str | None = None) -> argparse.ArgumentParser:
     """An argument parser with the flags every recipe takes.
 
     Flags: --epochs, --batch-size, --precision, --strategy, --jit, --prune
@@ -135,7 +136,8 @@ def parser(description: str, *, epochs: int, batch_size: int, out: str | None = 
     parser = _RecipeParser(prog=_command_line, description=description)
     # The recipe calling this: Ray Train workers run the same script.
     parser.script = sys._getframe(1).f_globals.get("__file__")
-    parser.add_argument("--epochs", type=positive_int, default=epochs, help=f"training epochs (default {epochs})")
+    parser.add_argument("--epochs", type=positive_int, default=epochs,
+                        help=epochs_help or f"training epochs (default {epochs})")
     parser.add_argument("--batch-size", type=positive_int, default=batch_size,
                         help=f"global batch size (default {batch_size})")
     parser.add_argument("--precision", default="auto", choices=["auto", *PRECISIONS],
@@ -147,8 +149,8 @@ def parser(description: str, *, epochs: int, batch_size: int, out: str | None = 
     parser.add_argument("--prune", type=_sparsity, default=0.0, metavar="SPARSITY",
                         help="prune to this sparsity while fine-tuning after training (0 = off)")
     parser.add_argument("--export", action="store_true", help="export (pruned) int8 TFLite + report")
-    parser.add_argument("--out", default=out or f"kerasfast_runs/{pathlib.Path(sys.argv[0]).stem}",
-                        help="run folder")
+    out = out or f"kerasfast_runs/{pathlib.Path(sys.argv[0]).stem}"
+    parser.add_argument("--out", default=out, help=f"run folder (default {out})")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: finishes in under a minute")
     parser.add_argument("--data", default=None, help="your own data instead of the built-in default")
     parser.add_argument("--data-service", default=None, metavar="grpc://HOST:PORT",

@@ -137,7 +137,8 @@ def build_mlp(x_train, y_train, num_classes: int | None, hidden=(128, 64), dropo
 def main(argv=None) -> dict:
     """Runs the recipe; returns the metrics written to `metrics.json`."""
     parser = recipes.parser("Tabular MLP (classification or regression) -> pruned int8 TFLite.",
-                            epochs=60, batch_size=32, out="kerasfast_runs/tabular")
+                            epochs=60, batch_size=32, out="kerasfast_runs/tabular",
+                            epochs_help="training epochs (default 60 for classification, 12 for regression)")
     parser.add_argument("--task", default="auto", choices=["auto", "classification", "regression"],
                         help="auto: regression for a float label with many values, else classification")
     parser.add_argument("--dataset", default=None, choices=sorted(BUNDLED),
