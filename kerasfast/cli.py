@@ -75,7 +75,8 @@ def info(as_json):
 
 
 @main.command()
-@click.option("--out", "out_dir", default="kerasfast_quickstart", show_default=True, help="Run folder to write.")
+@click.option("--out", "out_dir", default="kerasfast_quickstart", show_default=True, type=click.Path(file_okay=False),
+              help="Run folder to write.")
 @click.option("--epochs", default=30, show_default=True, type=click.IntRange(min=1),
               help="Training epochs (the pruning fine-tune after them runs epochs of its own).")
 @click.option("--batch-size", default=64, show_default=True, type=click.IntRange(min=1), help="Global batch size.")

@@ -98,6 +98,17 @@ def test_quickstart_refuses_a_count_below_one_naming_the_option(tmp_path, option
     assert not (tmp_path / "q").exists()
 
 
+def test_quickstart_refuses_an_out_that_is_a_file_naming_the_option(tmp_path):
+    from click.testing import CliRunner
+
+    from kerasfast.cli import main
+
+    (tmp_path / "afile").write_text("mine")
+    done = CliRunner().invoke(main, ["quickstart", "--out", str(tmp_path / "afile"), "--epochs", "1"])
+    assert done.exit_code == 2 and "Invalid value for '--out'" in done.output and "is a file" in done.output
+    assert (tmp_path / "afile").read_text() == "mine"
+
+
 def test_every_command_is_registered():
     done = run_cli("--help")
     assert done.returncode == 0, done.stderr
