@@ -153,9 +153,9 @@ class _BatchIndices(keras.callbacks.Callback):
         self.steps.append(self.params["steps"])
 
 
-@pytest.mark.parametrize("verbose", [1, 2])
+@pytest.mark.parametrize("verbose, own_bar", [(1, False), (2, False), (1, True)])
 def test_an_epoch_resumed_mid_way_shows_callbacks_and_the_progress_bar_its_own_steps(digits, tmp_path, capsys,
-                                                                                     verbose):
+                                                                                     verbose, own_bar):
     (x, y), _ = digits
     x = x[:320].reshape(320, 64)
     options = dict(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), epochs=2, batch_size=32,
@@ -164,7 +164,8 @@ def test_an_epoch_resumed_mid_way_shows_callbacks_and_the_progress_bar_its_own_s
         kerasfast.fit(_model(), (x[:320], y[:320]), callbacks=[_Crash()], verbose=0, **options)
     capsys.readouterr()
     seen = _BatchIndices()
-    kerasfast.fit(_model(), (x, y[:320]), callbacks=[seen], verbose=verbose, **options)
+    bar = [keras.callbacks.ProgbarLogger()] if own_bar else []  # the user's own, among the callbacks
+    kerasfast.fit(_model(), (x, y[:320]), callbacks=[seen, *bar], verbose=verbose, **options)
     printed = capsys.readouterr().out
     assert "at epoch 1, step 6" in printed
     # The epoch's last 4 of its 10 steps, counted as in the run that was not interrupted, in a run of 2 epochs.

@@ -121,9 +121,14 @@ def _session_callbacks(callbacks: list, verbose, steps: int, first_step: int, ep
 
     if first and last and not first_step:
         return callbacks
-    session = [_InSession(callback, steps, first_step, epochs, begins=first, ends=last)
-               if not isinstance(callback, DISPLAY_ONLY) and not type(callback).__module__.startswith("kerasfast.")
-               else callback for callback in callbacks]
+    def in_session(callback):
+        if type(callback) is keras.callbacks.ProgbarLogger:  # the user's own bar, which holds no settings
+            return _ResumedProgbar(steps, first_step, epochs)
+        if isinstance(callback, DISPLAY_ONLY) or type(callback).__module__.startswith("kerasfast."):
+            return callback
+        return _InSession(callback, steps, first_step, epochs, begins=first, ends=last)
+
+    session = [in_session(callback) for callback in callbacks]
     has_progbar = any(isinstance(callback, keras.callbacks.ProgbarLogger) for callback in callbacks)
     if verbose in (1, 2, "auto") and not has_progbar:
         session.append(_ResumedProgbar(steps, first_step, epochs))
