@@ -31,6 +31,13 @@ def test_schedule_fires_every_frequency_steps_and_exactly_at_end_step():
     assert fired == [10, 20, 30, 40, 47]
 
 
+def test_a_schedule_of_one_step_reaches_its_final_sparsity_at_that_step():
+    # What fit plans for a run of one or two updates: begin_step == end_step.
+    schedule = PolynomialDecay(0.0, 0.8, begin_step=5, end_step=5, frequency=1)
+    assert [(bool(fires), float(sparsity)) for fires, sparsity in map(schedule, (4, 5, 6))] == [
+        (False, 0.0), (True, pytest.approx(0.8)), (False, pytest.approx(0.8))]
+
+
 def test_constant_sparsity_without_end_keeps_firing():
     schedule = ConstantSparsity(0.5, begin_step=3, frequency=4)
     fired = [step for step in range(20) if bool(schedule.should_update(step))]

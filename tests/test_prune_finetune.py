@@ -138,3 +138,36 @@ def test_pruned_model_stays_within_a_point_of_the_dense_one():
     assert dense >= 0.98
     assert pruned >= dense - 0.01, (dense, pruned)
     assert all(abs(row["sparsity"] - 0.8) < 0.01 for row in result.pruning if row.get("sparsity") is not None)
+
+
+def test_a_run_of_two_updates_prunes_during_training_without_the_end_fallback(recwarn):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(64, 16)).astype("float32"), rng.integers(0, 4, 64)
+    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, name="d1"), keras.layers.Dense(4, name="d2")])
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    result = kerasfast.fit(model, x, y, epochs=1, batch_size=32, prune=0.5, tune="off", run_dir=False, verbose=0)
+    assert int(model.optimizer.iterations) == 2
+    # The plan's schedule is one step long (update 0 to update 0): its final sparsity is reached there.
+    assert not [w for w in recwarn if "pruned at the end without fine-tuning" in str(w.message)]
+    for layer in ("d1", "d2"):
+        kernel = model.get_layer(layer).kernel.numpy()
+        assert np.mean(kernel == 0) == 0.5
+    assert {row["layer"] for row in result.pruning if row.get("sparsity") == 0.5} == {"d1", "d2"}
+
+
+def test_every_row_of_a_runs_pruning_summary_has_the_same_keys():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(128, 10)).astype("float32"), rng.integers(0, 4, 128)
+    # 2:4 leaves a kernel of 10 inputs dense (not a multiple of 4), with its reason.
+    model = keras.Sequential([keras.Input((10,)), keras.layers.Dense(16, name="d1"), keras.layers.Dense(4, name="d2")])
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    result = kerasfast.fit(model, x, y, epochs=2, batch_size=32, prune=dict(structured="2:4"), tune="off",
+                           run_dir=False, verbose=0)
+    rows = {row["layer"]: row for row in result.pruning}
+    assert rows["d1"]["pruned"] is False and rows["d2"]["pruned"] is True
+    assert set(rows["d1"]) - {"reason"} == set(rows["d2"])
+    assert rows["d1"]["sparsity"] == 0.0 and rows["d2"]["sparsity"] == 0.5

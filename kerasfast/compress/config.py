@@ -217,7 +217,8 @@ class PruningConfig:
                 if self.end_step is None:
                     raise PlanError(
                         "schedule='polynomial' needs end_step (the optimizer step at which target_sparsity "
-                        "is reached); kerasfast.compress.prune() sets it from the data for you."
+                        "is reached); kerasfast.compress.prune(), and kerasfast.fit(prune=...) given the settings "
+                        "as a dict (e.g. prune=dict(structured='2:4')), set it from the run for you."
                     )
                 return schedules_lib.PolynomialDecay(
                     self.initial_sparsity, self.target_sparsity, self.begin_step, end_step, frequency=self.frequency

@@ -171,9 +171,11 @@ class PolynomialDecay(_Schedule):
         self.begin_step, self.end_step, self.frequency = begin_step, end_step, frequency
 
     def sparsity_at(self, step):
-        span = max(self.end_step - self.begin_step, 1)
-        progress = tf.cast(tf.cast(step, tf.int64) - self.begin_step, tf.float32) / float(span)
-        progress = tf.clip_by_value(progress, 0.0, 1.0)
+        # A schedule of one step (begin_step == end_step, as fit plans for a run of one or two updates)
+        # reaches its final sparsity at that step.
+        span = self.end_step - self.begin_step
+        progress = tf.cast(tf.cast(step, tf.int64) - self.begin_step + (1 if span == 0 else 0), tf.float32)
+        progress = tf.clip_by_value(progress / float(max(span, 1)), 0.0, 1.0)
         decay = tf.pow(1.0 - progress, float(self.power))
         return self.final_sparsity + (self.initial_sparsity - self.final_sparsity) * decay
 

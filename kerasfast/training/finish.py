@@ -25,10 +25,14 @@ def finish_model(run: Run) -> list | None:
     back to the user's model; returns the pruning summary (or None)."""
     summary = None
     if run.pruned_layers is not None:
-        from kerasfast.compress import finalize_pruning
+        from kerasfast.compress import finalize_pruning, measure_sparsity
 
         with scope_of(run.strategy):
-            summary = finalize_pruning(run.train_model) + [row for row in run.pruned_layers if not row["pruned"]]
+            pruned = [{**row, "pruned": True} for row in finalize_pruning(run.train_model)]
+            # Every row has the same keys: the layers left dense with their kernels' measured sparsity.
+            measured = {row["layer"]: row["sparsity"] for row in measure_sparsity(run.train_model)}
+            summary = pruned + [{**row, "sparsity": measured.get(row["layer"], 0.0), "structured": None}
+                                for row in run.pruned_layers if not row["pruned"]]
     if run.prepared.rebuilt:
         _carry_back(run.train_model, run.prepared.user_model)
     if run.uses_default_optimizer:

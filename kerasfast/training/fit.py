@@ -58,8 +58,10 @@ class FitResult:
         data: One line describing the training data.
         model_preparation: One line saying how the model was trained (in
             place, built by your function, or rebuilt in a strategy's scope).
-        pruning: Per-layer pruning summary (layer, shape, params, achieved
-            sparsity; dense layers with the reason), or None.
+        pruning: Per-layer pruning summary, or None: a row a layer, each
+            with layer, type, weight, shape, params, pruned, target_sparsity,
+            sparsity (measured) and structured; dense layers also with the
+            reason.
         input_report: Whether training waited for its input, measured
             during the run, and what to do about it.
         recoveries: Each divergence the run recovered from (`on_nan`):
