@@ -36,9 +36,8 @@ def finish_model(run: Run) -> list | None:
     if run.prepared.rebuilt:
         _carry_back(run.train_model, run.prepared.user_model)
     if run.uses_default_optimizer:
-        _settle_optimizer(run.prepared.user_model, run.plan)
-        if run.prepared.rebuilt:  # the copy returned as `train_model` holds the same state
-            _settle_optimizer(run.train_model, run.plan)
+        for model in run.models:  # a rebuilt copy, returned as `train_model`, holds the same state
+            _settle_optimizer(model, run.plan)
     return summary
 
 
@@ -52,7 +51,7 @@ def optimizer_settled_on_error(run: Run):
         yield
     except BaseException as error:
         if run.uses_default_optimizer:
-            for model in {id(m): m for m in (run.prepared.user_model, run.train_model)}.values():
+            for model in run.models:
                 try:
                     if model.optimizer is not None:
                         optimizers.settle_after_run(model.optimizer, run.plan)

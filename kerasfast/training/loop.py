@@ -82,8 +82,9 @@ class _InSession(keras.callbacks.Callback):
     the last (a second begin would reopen a CSVLogger's file or reset
     EarlyStopping's patience). In an epoch resumed at `first_step` its batch
     hooks see the batch's index in the whole epoch; `params` hold the epoch's
-    steps and the run's epochs in every call. Only the hooks the callback implements are passed on, so
-    Keras dispatches the same hooks (and as asynchronously) as without it.
+    steps and the run's epochs in every call. Only the hooks the callback
+    implements are passed on, so Keras dispatches the same hooks (and as
+    asynchronously) as without it.
     """
 
     def __init__(self, callback, steps: int, first_step: int, epochs: int, *, begins: bool, ends: bool):
@@ -121,6 +122,7 @@ def _session_callbacks(callbacks: list, verbose, steps: int, first_step: int, ep
 
     if first and last and not first_step:
         return callbacks
+
     def in_session(callback):
         if type(callback) is keras.callbacks.ProgbarLogger:  # the user's own bar, which holds no settings
             return _ResumedProgbar(steps, first_step, epochs)

@@ -235,5 +235,5 @@ def take_plan(run: Run) -> None:
     """kerasfast's default optimizer (for a model compiled without one) takes the plan's learning rate."""
     if not run.uses_default_optimizer:
         return
-    for model in {id(m): m for m in (run.prepared.train_model, run.prepared.user_model)}.values():
+    for model in run.models:
         optimizers.take_plans_rate(model.optimizer, run.plan)

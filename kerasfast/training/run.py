@@ -129,6 +129,11 @@ class Run:
         return self.prepared.train_model
 
     @property
+    def models(self) -> list:
+        """The user's model and the one trained (a copy when rebuilt in a strategy's scope), each once."""
+        return list({id(model): model for model in (self.prepared.user_model, self.prepared.train_model)}.values())
+
+    @property
     def talks(self) -> bool:
         """Whether this process prints (the chief, unless `verbose=0`)."""
         return self.args.verbose != 0 and self.is_chief
