@@ -19,11 +19,12 @@ def is_int(value) -> bool:
 
 
 def is_number(value) -> bool:
-    """Whether `value` is a Python int or float and not a bool.
+    """Whether `value` is a Python int or float, not a bool and not NaN (which every comparison passes
+    as False, so a range check would let it through).
 
     Example:
 
-    >>> is_number(0.5), is_number(2), is_number(False), is_number("1")
-    (True, True, False, False)
+    >>> is_number(0.5), is_number(2), is_number(False), is_number("1"), is_number(float("nan"))
+    (True, True, False, False, False)
     """
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
@@ -97,6 +98,7 @@ def quickstart(out_dir, epochs, batch_size, precision, resume):
     from kerasfast.recipes import interrupted
     from kerasfast.threads import configure_threads
 
+    _check_writable(out_dir, "--out", make=True)
     configure_threads()  # before TensorFlow starts, so the plan's thread counts apply
     try:
         metrics = run_quickstart(out_dir, epochs=epochs, batch_size=batch_size, precision=precision,
@@ -126,6 +128,8 @@ def report(run_dir):
     from kerasfast.errors import KerasfastError
     from kerasfast.reporting import write_report
 
+    if os.path.isdir(run_dir):
+        _check_writable(run_dir, "RUN_DIR", make=False)
     try:
         path = write_report(run_dir)
     except KerasfastError as error:
@@ -190,13 +194,28 @@ def _register_subcommands():
 
 _register_subcommands()
 
+def _check_writable(folder, name: str, *, make: bool) -> None:
+    """Refuses a folder this process cannot write into (made first when `make`), naming the option."""
+    try:
+        if make:
+            os.makedirs(folder, exist_ok=True)
+        writable = os.access(folder, os.W_OK | os.X_OK)
+    except OSError as error:
+        raise click.BadParameter(f"{folder} cannot be made ({error.strerror or error}); pick a folder you can "
+                                 "write to.", param_hint=name) from error
+    if not writable:
+        raise click.BadParameter(f"{folder} is not writable (read-only, or without permission); pick a folder "
+                                 "you can write to.", param_hint=name)
+
+
 def quickstart_summary(metrics: dict, out_dir) -> str:
     """The quickstart's last line: accuracies, throughput (n/a when no epoch after the first was timed,
     as in a one-epoch run) and the run folder."""
-    rate = metrics["samples_per_second"]
+    from kerasfast.recipes import rate_text
+
     return (f"test accuracy {metrics['test_accuracy']:.4f} pruned to {metrics['sparsity']:.0%} "
-            f"(dense {metrics['dense_test_accuracy']:.4f}); {f'{rate:,.0f}' if rate is not None else 'n/a'} "
-            f"samples/s ({metrics['precision']}); run folder: {out_dir}")
+            f"(dense {metrics['dense_test_accuracy']:.4f}); {rate_text(metrics['samples_per_second'])} "
+            f"({metrics['precision']}); run folder: {out_dir}")
 
 
 if __name__ == "__main__":  # pragma: no cover

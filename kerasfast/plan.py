@@ -1269,8 +1269,8 @@ def _resolve_steps_per_epoch(steps_per_epoch, data: DataFacts, global_batch: int
 
 
 def _resolve_clipnorm(clipnorm) -> tuple[float | None, str]:
-    if clipnorm is not None and (not is_number(clipnorm) or clipnorm <= 0):
-        raise PlanError(f"clipnorm={clipnorm!r} is not valid: use a positive number or None.")
+    if clipnorm is not None and (not is_number(clipnorm) or not 0 < clipnorm < math.inf):
+        raise PlanError(f"clipnorm={clipnorm!r} is not valid: use a positive, finite number or None.")
     return clipnorm, "off: not requested" if clipnorm is None else f"global gradient norm clipped to {clipnorm}"
 
 
@@ -1288,8 +1288,8 @@ class _LearningRate:
 def _check_learning_rate_request(learning_rate, lr_schedule) -> None:
     if lr_schedule != "auto" and lr_schedule not in LR_SCHEDULES:
         raise PlanError(f"lr_schedule={lr_schedule!r} is not known: use 'auto' or one of {', '.join(LR_SCHEDULES)}.")
-    if learning_rate is not None and (not is_number(learning_rate) or learning_rate <= 0):
-        raise PlanError(f"learning_rate={learning_rate!r} is not valid: use a positive number.")
+    if learning_rate is not None and (not is_number(learning_rate) or not 0 < learning_rate < math.inf):
+        raise PlanError(f"learning_rate={learning_rate!r} is not valid: use a positive, finite number.")
 
 
 def _resolve_learning_rate(overrides: Overrides, model: ModelFacts, total_steps: int | None, num_replicas: int,

@@ -195,8 +195,34 @@ def start(args):
         _run_on_ray(args)
     if not runtime_started():
         configure_threads()
+    _check_flags(args)
     distribute.setup(args.strategy)
     return distribute.cluster_from_env()
+
+
+# fit's argument names as the recipes' flags spell them, for fit's messages about them.
+_FLAGS = {"jit_compile=True": "--jit on", "jit_compile=False": "--jit off", "jit_compile": "--jit",
+          "precision=": "--precision ", "data_service=": "--data-service ", "batch_size=": "--batch-size "}
+
+
+def _check_flags(args) -> None:
+    """Refuses flags fit would refuse whatever the model and data (a precision this machine cannot run,
+    with --jit; a --data-service that is no address) before the recipe writes its data; the message
+    names the flags."""
+    from kerasfast.data import service
+    from kerasfast.errors import KerasfastError, PlanError
+    from kerasfast.hardware import detect_hardware
+    from kerasfast.plan import Overrides, check_overrides
+
+    try:
+        check_overrides(detect_hardware(), Overrides.pick(fit_options(args)))
+        if args.data_service:
+            service.parse_address(args.data_service)
+    except KerasfastError as error:
+        message = str(error)
+        for name, flag in _FLAGS.items():
+            message = message.replace(name, flag)
+        raise PlanError(message) from error
 
 
 def _run_on_ray(args) -> None:
@@ -351,6 +377,18 @@ def plot_throughput(rates: dict[str, float], path: pathlib.Path, unit: str) -> p
     figure.savefig(path, dpi=100)
     plt.close(figure)
     return path
+
+
+def rate_text(rate: float | None, unit: str = "samples/s") -> str:
+    """A measured rate as printed: "1,234 samples/s", or "n/a samples/s" when nothing was timed (a run of
+    one epoch: the first, compiling execution is never counted).
+
+    Example:
+
+    >>> rate_text(1234.5), rate_text(None, "tokens/s")
+    ('1,234 samples/s', 'n/a tokens/s')
+    """
+    return f"{'n/a' if rate is None else f'{rate:,.0f}'} {unit}"
 
 
 def finish(out, result, metrics: dict, *, unit: str = "samples/s", rate_scale: float = 1.0,

@@ -234,7 +234,7 @@ def main(argv=None) -> dict:
     if cluster.is_chief:
         metrics = recipes.finish(out, trained, metrics, rates=rates)
         print(f"{args.model}: test accuracy {metrics['test_accuracy']:.4f} (chance {metrics['chance_accuracy']:.2f}), "
-              f"{metrics['samples_per_s'] or 0:,.0f} samples/s ({metrics['precision']}); run folder: {out}")
+              f"{recipes.rate_text(metrics['samples_per_s'])} ({metrics['precision']}); run folder: {out}")
     return metrics
 
 

@@ -226,7 +226,7 @@ def main(argv=None) -> dict:
         else:
             summary = (f"test MSE {metrics['test_mse']:.4g}, R^2 {metrics['test_r2']:.3f} "
                        f"(predicting the training mean: MSE {metrics['train_mean_mse']:.4g})")
-        print(f"tabular {task}: {summary}, {metrics['samples_per_s'] or 0:,.0f} samples/s "
+        print(f"tabular {task}: {summary}, {recipes.rate_text(metrics['samples_per_s'])} "
               f"({metrics['precision']}); run folder: {out}")
     return metrics
 

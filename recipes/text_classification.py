@@ -275,8 +275,8 @@ def main(argv=None) -> dict:
     if cluster.is_chief:
         metrics = recipes.finish(out, trained, metrics, rates=rates)
         print(f"text classification: test accuracy {metrics['test_accuracy']:.4f} over {len(classes)} classes "
-              f"(majority class {metrics['majority_class_accuracy']:.4f}), {metrics['samples_per_s'] or 0:,.0f} "
-              f"samples/s ({metrics['precision']}); run folder: {out}")
+              f"(majority class {metrics['majority_class_accuracy']:.4f}), "
+              f"{recipes.rate_text(metrics['samples_per_s'])} ({metrics['precision']}); run folder: {out}")
     return metrics
 
 

@@ -149,3 +149,30 @@ def test_recipe_runs_only_the_shipped_recipes_never_a_path(tmp_path):
             recipes.load_recipe(name)
     assert not marker.exists()
     assert recipes.available_recipes() == shipped
+
+
+def _as_unprivileged(command: list) -> list:
+    """`command` without the power to write into read-only folders: root's capabilities dropped
+    (setpriv, util-linux) when the tests run as root, as is."""
+    if os.geteuid() != 0:
+        return command
+    return ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner", *command]
+
+
+def test_quickstart_and_report_name_a_folder_they_cannot_write(tmp_path):
+    (tmp_path / "afile").write_text("mine")
+    done = run_cli("quickstart", "--out", str(tmp_path / "afile" / "run"), "--epochs", "1")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "Invalid value for --out" in done.stderr and "cannot be made" in done.stderr
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "history.json").write_text(json.dumps({"loss": [1.0, 0.5]}))
+    run.chmod(0o555)
+    try:
+        done = subprocess.run(_as_unprivileged([sys.executable, "-m", "kerasfast.cli", "report", str(run)]),
+                              capture_output=True, text=True, env=ENV, timeout=300)
+    finally:
+        run.chmod(0o755)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "Invalid value for RUN_DIR" in done.stderr and "is not writable" in done.stderr
+    assert sorted(path.name for path in run.iterdir()) == ["history.json"]

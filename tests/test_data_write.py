@@ -857,3 +857,26 @@ def test_a_dtype_no_feature_holds_is_named_with_the_row_and_the_casts(tmp_path, 
     with pytest.raises(DataError, match=message):
         kd.write_tfrecords(source(), tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_feature_of_no_values_is_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(DataError, match=r"feature 'x': shape \[0\] holds no values"):
+        kd.write_tfrecords((np.zeros((20, 0), "float32"), np.zeros(20, "int64")), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_more_shards_than_files_can_be_open_are_refused_before_the_folder_is_made(tmp_path):
+    import resource
+
+    csv = tmp_path / "rows.csv"
+    csv.write_text("a,b\n" + "".join(f"{i},{i % 2}\n" for i in range(600)))
+    with pytest.raises(DataError, match=r"shards=\d+: at most 99,999"):
+        kd.write_tfrecords(str(csv), tmp_path / "huge", shards=10**30)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(400, hard), hard))
+    try:
+        with pytest.raises(DataError, match=r"shards=500: every shard is written at once.*ulimit -n"):
+            kd.write_tfrecords(str(csv), tmp_path / "many", shards=500)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert not (tmp_path / "huge").exists() and not (tmp_path / "many").exists()

@@ -64,6 +64,30 @@ def test_cli_reports_bad_input_as_a_clear_error(saved_model_and_data):
     assert empty.exit_code == 1 and "Error: --formats names no format; pass one or more of" in empty.output
 
 
+def _pickled_npz(path):
+    np.savez(path, x=np.array([{"a": 1}] * 4, dtype=object), y=np.zeros(4))
+
+
+def _damaged_npz(path):
+    np.savez(path, x=np.zeros((4, 8, 8, 1), "float32"), y=np.zeros(4))
+    data = bytearray(path.read_bytes())
+    data[60] ^= 0xFF  # inside the first member's bytes: its CRC no longer matches
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("option", ["--representative", "--eval"])
+@pytest.mark.parametrize("make", [_pickled_npz, _damaged_npz], ids=["pickled objects", "damaged member"])
+def test_cli_names_an_archive_whose_arrays_numpy_cannot_read(saved_model_and_data, option, make):
+    folder = saved_model_and_data
+    make(folder / "arrays.npz")
+    formats = ["--formats", "tflite_int8"] if option == "--representative" else []
+    result = CliRunner().invoke(export_command, [str(folder / "model.keras"), str(folder / "bad"), option,
+                                                 str(folder / "arrays.npz"), *formats])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert f"Error: {option} {folder / 'arrays.npz'} is not an array file NumPy can read" in result.output
+    assert not (folder / "bad").exists()
+
+
 @pytest.mark.parametrize("option, name", [("--representative", "notnpy.npy"), ("--eval", "notnpz.npz")])
 def test_cli_names_an_array_file_numpy_cannot_read(saved_model_and_data, option, name):
     folder = saved_model_and_data

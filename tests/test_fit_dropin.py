@@ -1584,3 +1584,27 @@ def test_validation_labels_are_checked_against_the_loss_fit_was_given():
         kerasfast.fit(_uncompiled(), X, Y, loss="sparse_categorical_crossentropy", validation_data=(X, Y + 3),
                       batch_size=20, epochs=1, callbacks=[batches], run_dir=False, verbose=0)
     assert batches.seen == 0
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"learning_rate": float("nan")}, r"learning_rate=nan is not valid: use a positive, finite number"),
+    ({"learning_rate": float("inf")}, r"learning_rate=inf is not valid: use a positive, finite number"),
+    ({"clipnorm": float("nan")}, r"clipnorm=nan is not valid"),
+])
+def test_a_nan_or_infinite_setting_is_refused_before_training(options, message):
+    with pytest.raises(kerasfast.PlanError, match=message):
+        kerasfast.fit(_model(), X, Y, epochs=1, run_dir=False, verbose=0, **options)
+
+
+@pytest.mark.parametrize("x, message", [
+    (np.zeros((len(Y), 0), "float32"), r"inputs of shape \('batch', 0\).*hold no values"),
+    (np.array([["a"] * 6] * len(Y)), r"holds strings \(b'a', \.\.\.\), but model '\w+' takes float32 there"),
+    (X.astype(object), r"x is a NumPy array of Python objects \(dtype object, float first\)"),
+], ids=["zero-width", "strings", "objects"])
+def test_inputs_the_model_cannot_take_are_named_before_training(x, message):
+    """A feature of no values (TensorFlow's oneDNN kernels abort the process on it), strings for an input
+    of numbers and NumPy object arrays each get a DataError instead of a graph error or a crash."""
+    width = x.shape[1]
+    model = keras.Sequential([keras.Input((width,)), keras.layers.Dense(2, activation="softmax")])
+    with pytest.raises(kerasfast.DataError, match=message):
+        kerasfast.fit(model, x, Y, epochs=1, loss="sparse_categorical_crossentropy", run_dir=False, verbose=0)

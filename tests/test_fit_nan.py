@@ -476,3 +476,25 @@ def test_terminate_on_nan_ends_the_run_as_model_fit_does_on_the_rolled_back_stat
             "not train on from there; the model holds the state it was rolled back to (epoch 1, step 0)") in printed
     assert result.history.epoch == [0] and not np.isfinite(result.history.history["loss"][0])  # Keras logs it
     assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights(), strict=True))
+
+
+def test_a_metric_that_is_nan_on_a_batch_is_not_a_divergence():
+    """`PearsonCorrelation` is NaN on a batch whose targets are all alike: the loss and the weights are
+    sound, and `model.fit` trains on; so does kerasfast (its guard reads the losses, as TerminateOnNaN does)."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(160, 4)).astype("float32")
+    y = (x @ np.array([1.0, -2.0, 0.5, 3.0], "float32"))[:, None]
+    y[64:96] = 0.0  # the third batch: constant targets
+
+    def build():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+        model.compile(keras.optimizers.Adam(0.01), "mse", metrics=[keras.metrics.PearsonCorrelation(name="pearson")])
+        return model
+
+    keras_model, fast_model = build(), build()
+    expected = keras_model.fit(x, y, batch_size=32, epochs=3, shuffle=False, verbose=0).history
+    result = kerasfast.fit(fast_model, x, y, batch_size=32, epochs=3, shuffle=False, run_dir=False, verbose=0)
+    assert result.recoveries == []
+    assert int(fast_model.optimizer.iterations) == int(keras_model.optimizer.iterations) == 15
+    np.testing.assert_allclose(result.history.history["loss"], expected["loss"], rtol=1e-4)

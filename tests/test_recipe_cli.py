@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from kerasfast import recipes
 from kerasfast.cli import main
+from kerasfast.errors import PlanError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RANGE_TYPES = (recipes.positive_int, recipes.non_negative_int, recipes.positive_float, recipes.non_negative_float)
@@ -51,6 +52,20 @@ def test_numeric_flags_out_of_range_are_refused_before_any_data_is_written(tmp_p
     with pytest.raises(SystemExit) as refused:
         run_recipe(name, "--smoke", *flags, "--out", out)
     assert refused.value.code == 2 and message in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--data-service", "notaurl"], "--data-service 'notaurl' is not valid: use 'grpc://HOST:PORT'"),
+    (["--jit", "on", "--precision", "onednn_bfloat16"],
+     "--precision 'onednn_bfloat16' with --jit on: oneDNN's bfloat16 graph pass does not apply inside XLA"),
+], ids=["data-service", "jit-precision"])
+def test_flags_fit_would_refuse_are_refused_before_any_data_is_written_in_the_flags_words(tmp_path, flags,
+                                                                                          message):
+    out = tmp_path / "run"
+    with pytest.raises(PlanError) as refused:
+        run_recipe("tabular", "--smoke", *flags, "--out", out)
+    assert message in str(refused.value)
     assert not out.exists()
 
 

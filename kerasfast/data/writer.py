@@ -39,6 +39,7 @@ DEFAULT_SHARD_BYTES = 128 * 1024 * 1024
 # Enough files for a parallel interleave on one machine and for small multi-worker jobs.
 MIN_AUTO_SHARDS = 8
 COMPRESSION_SUFFIX = {None: "", "GZIP": ".gz", "ZLIB": ".zlib"}
+MAX_SHARDS = 99_999  # shard names hold five digits: -00000-of-99999
 _SHARD_RE = r"-\d{5}-of-\d{5}\.tfrecord(\.gz|\.zlib)?$"
 _PARTIAL_MARK = ".partial-"
 # Test-only: KERASFAST_TEST_CRASH_AT=k ends the process with os._exit(CRASH_EXIT_CODE) right after commit
@@ -229,10 +230,11 @@ def write_tfrecords(
     _refuse_overwrite(out_dir, overwrite)
     src = open_source(source, label=label, shuffle=shuffle, seed=seed, source_type=source_type,
                       text_unit=text_unit, csv_dtypes=csv_dtypes, out_dir=out_dir)
+    count = _shard_count(shards, src, target_shard_bytes)  # refused before the folder is made
     created = not os.path.exists(out_dir)
     _prepare_folder(out_dir, prefix)
     steps = _CommitSteps()
-    plan = _plan_shards(out_dir, prefix, compression, _shard_count(shards, src, target_shard_bytes))
+    plan = _plan_shards(out_dir, prefix, compression, count)
     encoder = _RecordEncoder(image_encoding)
     committed = False
     try:
@@ -290,6 +292,9 @@ def _checked_arguments(compression, on_error, image_encoding, shards, prefix) ->
         raise DataError(f"image_encoding={image_encoding!r}: use None (raw), 'png' or 'jpeg'.")
     if shards is not None and (not isinstance(shards, (int, np.integer)) or isinstance(shards, bool) or shards < 1):
         raise DataError(f"shards={shards!r}: pass a positive integer, or None to choose automatically.")
+    if shards is not None and shards > MAX_SHARDS:
+        raise DataError(f"shards={shards}: at most {MAX_SHARDS:,} (kerasfast convert: --shards); a few shards per "
+                        "reading worker is enough, or None to choose automatically.")
     if not re.fullmatch(r"[A-Za-z0-9_.]+", prefix):
         raise DataError(f"prefix={prefix!r}: use letters, digits, '_' and '.' only.")
     return compression
@@ -346,7 +351,23 @@ def _shard_count(shards, src, target_shard_bytes: int) -> int:
         src.num_records, src.estimated_bytes, target_shard_bytes)
     if src.num_records is not None and src.num_records > 0:
         count = min(count, src.num_records)
+    open_files = _open_files_allowed()
+    if count > open_files:
+        raise DataError(f"shards={count}: every shard is written at once, a file open for each, and this process may "
+                        f"open {open_files} more (ulimit -n): pass fewer shards (kerasfast convert: --shards), or "
+                        "raise the limit.")
     return count
+
+
+def _open_files_allowed() -> int:
+    """Files this process may still open, less a margin for TensorFlow's own."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):  # not POSIX
+        return MAX_SHARDS
+    return MAX_SHARDS if soft == resource.RLIM_INFINITY else max(1, soft - 256)
 
 
 def _plan_shards(out_dir: str, prefix: str, compression: str | None, count: int) -> _ShardPlan:

@@ -11,42 +11,53 @@ from kerasfast.errors import DataError, KerasfastError
 from kerasfast.export.formats import FORMATS
 
 
-def _np_load(file: Path, argument: str):
-    """`np.load(file)`, with a file NumPy cannot read named as the argument's."""
+_NUMPY_READ_ERRORS = (OSError, ValueError, EOFError)
+
+
+def _unreadable(file: Path, argument: str, error: Exception) -> DataError:
+    return DataError(f"{argument} {file} is not an array file NumPy can read ({str(error).splitlines()[0][:200]}); "
+                     f"save the arrays with np.save (.npy) or np.savez (.npz), numbers only.")
+
+
+def _np_arrays(file: Path, argument: str, names=None) -> dict:
+    """The arrays of a .npy (as "x") or .npz file (`names` of them, or all), read whole: an array
+    NumPy cannot read (pickled objects, a damaged archive member) is named as the argument's."""
     import zipfile
 
     import numpy as np
 
     try:
-        return np.load(file, allow_pickle=False)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
-        raise DataError(f"{argument} {file} is not an array file NumPy can read ({str(error).splitlines()[0][:200]}); "
-                        f"save the arrays with np.save (.npy) or np.savez (.npz).") from error
+        loaded = np.load(file, allow_pickle=False)
+        if isinstance(loaded, np.ndarray):
+            return {"x": loaded}
+        with loaded as archive:
+            return {name: archive[name] for name in (archive.files if names is None else names)
+                    if name in archive.files}
+    except (*_NUMPY_READ_ERRORS, zipfile.BadZipFile) as error:
+        raise _unreadable(file, argument, error) from error
 
 
 def _load_inputs(path: str, argument: str):
     """Inputs from .npy, or from .npz (array 'x', else the only array)."""
     file = Path(path)
-    if file.suffix == ".npy":
-        return _np_load(file, argument)
-    if file.suffix == ".npz":
-        with _np_load(file, argument) as archive:
-            if "x" in archive.files:
-                return archive["x"]
-            if len(archive.files) == 1:
-                return archive[archive.files[0]]
-            raise DataError(f"{argument} {file} holds arrays {archive.files}; name the inputs 'x'.")
-    raise DataError(f"{argument} {file} must be a .npy or .npz file.")
+    if file.suffix not in (".npy", ".npz"):
+        raise DataError(f"{argument} {file} must be a .npy or .npz file.")
+    arrays = _np_arrays(file, argument)
+    if "x" in arrays:
+        return arrays["x"]
+    if len(arrays) == 1:
+        return next(iter(arrays.values()))
+    raise DataError(f"{argument} {file} holds arrays {sorted(arrays)}; name the inputs 'x'.")
 
 
 def _load_eval(path: str):
     file = Path(path)
     if file.suffix != ".npz":
         raise DataError(f"--eval {file} must be a .npz file with arrays 'x' and 'y'.")
-    with _np_load(file, "--eval") as archive:
-        if not {"x", "y"} <= set(archive.files):
-            raise DataError(f"--eval {file} holds arrays {archive.files}; it needs 'x' and 'y'.")
-        return archive["x"], archive["y"]
+    arrays = _np_arrays(file, "--eval")
+    if not {"x", "y"} <= set(arrays):
+        raise DataError(f"--eval {file} holds arrays {sorted(arrays)}; it needs 'x' and 'y'.")
+    return arrays["x"], arrays["y"]
 
 
 def _load_model(model_path: str, *, safe_mode: bool):

@@ -345,6 +345,10 @@ class DivergenceGuard(keras.callbacks.Callback):
         if loss is not None and not math.isfinite(loss):
             return f"the loss became {loss}"
         for name, value in logs.items():
+            # Losses only: a metric can be NaN on a sound model (PearsonCorrelation of a batch of one
+            # class), and Keras's TerminateOnNaN reads the loss alone too.
+            if not (name == "loss" or name.endswith("_loss")):
+                continue
             if isinstance(value, (int, float, np.floating)) and not math.isfinite(float(value)):
                 return f"{name} became {float(value)}"
         if loss is None:

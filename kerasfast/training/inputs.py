@@ -289,6 +289,19 @@ def _check_not_strings(part, name: str, what: str) -> None:
             )
 
 
+def _check_no_objects(part, name: str, what: str) -> None:
+    """Refuses NumPy arrays of Python objects other than strings (numbers kept as objects, arrays of
+    arrays), which TensorFlow cannot read, with the fix."""
+    import keras
+
+    for leaf in keras.tree.flatten(part) if part is not None else []:
+        if isinstance(leaf, np.ndarray) and leaf.dtype == object and not _holds_strings(leaf):
+            raise DataError(
+                f"{what}: {name} is a NumPy array of Python objects (dtype object, {type(leaf.flat[0]).__name__} "
+                f"first), which TensorFlow cannot read: convert it, e.g. np.asarray({name}, dtype='float32'), or "
+                "np.stack for an array of arrays.")
+
+
 def _first_dim(structure) -> int | None:
     import tensorflow as tf
 
@@ -304,6 +317,8 @@ def _from_arrays(x, y, sample_weight, reading: "_Reading") -> PreparedData:
     class_weight, batch_size, what = reading.class_weight, reading.batch_size, reading.what
 
     x, y, sample_weight = (_arrays(part) if part is not None else None for part in (x, y, sample_weight))
+    for part, name in ((x, "x"), (y, "y"), (sample_weight, "sample_weight")):
+        _check_no_objects(part, name, what)
     _check_not_strings(y, "y", what)
     if class_weight is not None:
         if y is None:
@@ -584,6 +599,13 @@ def check_inputs_match(model, sample_inputs, what: str = "data") -> None:
         if hasattr(tensor, "shape") and getattr(tensor.shape, "rank", 0) is None:
             continue  # a dataset's element of unknown rank: nothing to check before it is read
         shape = tuple(tensor.shape) if hasattr(tensor, "shape") else tuple(np.shape(tensor))
+        _check_input_dtype(tensor, spec, model, what)
+        if 0 in shape[1:]:
+            raise DataError(
+                f"{what} has inputs of shape {('batch',) + shape[1:]} for model {model.name!r} input "
+                f"{_input_name(spec)!r}: they hold no values (a size of 0), which gives the model nothing to learn "
+                "from, and TensorFlow's oneDNN CPU kernels abort the process on it. Leave the input out, or give "
+                "it values.")
         expected = tuple(spec.shape)
         if not _shapes_compatible(shape, expected):
             if _shapes_compatible((None,) + shape, expected):
@@ -596,6 +618,22 @@ def check_inputs_match(model, sample_inputs, what: str = "data") -> None:
                 f"{_input_name(spec)!r} expects {('batch',) + expected[1:]}: reshape the data "
                 f"(e.g. x.reshape(-1, {', '.join(str(d) for d in expected[1:])})) or change the model's Input."
             )
+
+
+def _check_input_dtype(tensor, spec, model, what: str) -> None:
+    """Refuses strings for an input that takes numbers (a model without its own text layer), with the
+    fix; Keras fails in a graph op."""
+    expected = str(getattr(spec, "dtype", "") or "")
+    dtype = getattr(tensor, "dtype", None)
+    strings = _holds_strings(tensor) or str(dtype) in ("string", "<dtype: 'string'>")
+    name = _input_name(spec)
+    if strings and expected and expected != "string":
+        values = tensor.numpy() if hasattr(tensor, "numpy") else np.asarray(tensor)
+        example = values.flat[0] if values.size else ""
+        raise DataError(
+            f"{what}: input {name!r} holds strings ({example!r}, ...), but model {model.name!r} takes {expected} "
+            "there: turn the text into numbers first (keras.layers.TextVectorization or StringLookup, in the "
+            "model or in a tf.data map), or give the model a string Input (keras.Input(..., dtype='string')).")
 
 
 def _check_input_order(model, given, declared, what: str) -> None:

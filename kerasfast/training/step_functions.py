@@ -75,6 +75,17 @@ def computing_while(function, model, precision: str, remat: str | None):
     return traced
 
 
+def _python_state(model, optimizer) -> list:
+    """The plain Python values (numbers, strings, flags) a trace may have read from `model`'s layers and
+    `optimizer`: what a tf.function holds as constants."""
+    from kerasfast import _compat
+
+    # `stop_training`: a stop asked for before the first batch, which no trace reads.
+    return [sorted((name, value) for name, value in vars(owner).items()
+                   if isinstance(value, (bool, int, float, str)) and name != "stop_training")
+            for owner in [*_compat.flatten_layers(model), model, optimizer] if owner is not None]
+
+
 def _unpack(data):
     return keras.utils.unpack_x_y_sample_weight(data)
 
@@ -182,6 +193,7 @@ class StepFunctions:
         self._without_gradient = None  # per trainable weight: no gradient in the micro-step traced last
         self._compute_fn = None
         self._executions = {}  # update pattern -> its compiled execution
+        self._traced_with = None  # the Python state tuning traced the executions in (`restart`)
         self._input_wait = None
         self._batches_taken = None  # batches the train steps have read, ever
         # Micro-steps run so far (resumed runs start from their checkpoint).
@@ -455,6 +467,8 @@ class StepFunctions:
             return logs
 
         def train(iterator):
+            if self._traced_with is not None:
+                self._retrace_if_changed()
             count = self.steps_per_execution
             if self.stops_within_one_step and getattr(self.model, "stop_training", False):
                 # A callback asked to stop before this execution (in on_epoch_begin or on_train_begin).
@@ -608,6 +622,18 @@ class StepFunctions:
         for variable in (self._input_wait, self._batches_taken, *(self._accumulators or ())):
             if variable is not None:
                 variable.assign(keras.ops.zeros_like(variable))
+        self._traced_with = _python_state(self.model, self.optimizer)
+
+    def _retrace_if_changed(self) -> None:
+        """At the run's first execution: the executions tuning compiled hold the model's Python state as
+        it was then (a layer's `trainable`, a float a layer reads). A callback's `on_train_begin` or
+        `on_epoch_begin` that changed it (freezing a layer) would go unseen, where `model.fit`, tracing
+        at its first batch, sees it: then the executions are traced again."""
+        traced, self._traced_with = self._traced_with, None
+        if _python_state(self.model, self.optimizer) != traced:
+            self._executions.clear()
+            self._first_logs = None
+            self._compute_fn = self._compute()
 
     def install(self) -> None:
         """Makes Keras's `fit` / `evaluate` use these steps."""
