@@ -16,6 +16,10 @@ start-up, model building, tracing/compilation and training.
   (`--torch-dtype` forces one). Run only when `torch` is installed (the `benchmark`
   extra: `pip install -e ".[benchmark]"`).
 
+kerasfast's cache of tuned plans starts empty: round 1 is its first run of
+the script, later rounds re-runs, as `torch.compile`'s later rounds read its
+own cache.
+
 Rates are steady state: the tokens of epochs 2.. over their time (epoch 1
 holds tracing, compilation and kerasfast's tuning; it is reported as
 "first epoch"). Each round also prints the first train step's time, wall
@@ -320,7 +324,10 @@ def measure(config, work, epochs, profile, steps, fit_options="{}", torch_dtype=
     done = subprocess.run([sys.executable, __file__, "--worker", config, "--work", str(work), "--epochs", str(epochs),
                            "--fit-options", fit_options, "--torch-dtype", torch_dtype,
                            *(["--profile"] if profile else [])],
-                          capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+                          capture_output=True, text=True,
+                          # kerasfast's cache of tuned plans starts empty in each benchmark: round 1 is a
+                          # first run, later rounds re-runs.
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "KERASFAST_CACHE_DIR": str(work / "cache")})
     whole = time.perf_counter() - started
     if done.returncode:
         raise RuntimeError(f"{config} failed:\n{done.stderr[-3000:]}")
@@ -371,7 +378,7 @@ def main(argv=None):
                 report = measure(config, work, args.epochs, args.profile and round_ == 0, args.steps, args.fit_options,
                                  torch_dtype)
                 wall, cpu = report["first_step"]
-                print(f"round {round_ + 1} {config}: {report['steady']:,.0f} tokens/s, whole {report['whole_s']:.1f} s, "
+                print(f"round {round_ + 1}{' (first run)' if round_ == 0 else ''} {config}: {report['steady']:,.0f} tokens/s, whole {report['whole_s']:.1f} s, "
                       f"first epoch {report['first_epoch_s']:.1f} s, first step {wall:.2f} s ({cpu:.2f} s CPU)",
                       flush=True)
                 kept = best.get(config)

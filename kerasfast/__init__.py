@@ -32,12 +32,6 @@ from kerasfast.onednn import turn_on_before_tensorflow as _turn_on_onednn  # noq
 
 _turn_on_onednn()
 
-# XLA's compiled programs kept between runs: TensorFlow reads the flag once, at its first use of XLA's
-# flags, so it is set before TensorFlow loads and read as it does (kerasfast/compile_cache.py).
-from kerasfast.compile_cache import prepare_before_tensorflow as _prepare_compile_cache  # noqa: E402
-
-_prepare_compile_cache()
-
 __version__ = "0.1.0"
 
 # Where each public name lives. They load on first use (kerasfast/_lazy.py),

@@ -37,13 +37,13 @@ then.
 from __future__ import annotations
 
 import contextlib
+import importlib.abc
+import importlib.util
 import logging
 import os
 import re
 import sys
 import tempfile
-
-from kerasfast import _tensorflow_import
 
 VERBOSE_ENV = "KERASFAST_VERBOSE_TF"
 
@@ -149,6 +149,56 @@ def filtered_stderr(explained=lambda error: False):
                 os.write(stderr_fd, shown.encode("utf-8", errors="replace"))
 
 
+class _QuietTensorFlowImport(importlib.abc.MetaPathFinder):
+    """Finds `tensorflow` for whatever imports it first (kerasfast, keras or
+    the user's script) and runs that import inside `filtered_stderr`: the
+    oneDNN/cudart lines are printed while its shared libraries load. Leaves
+    `sys.meta_path` once TensorFlow is imported; a mere look-up
+    (`importlib.util.find_spec("tensorflow")`) keeps it in place."""
+
+    def __init__(self):
+        self._finding = False
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != "tensorflow" or self._finding:
+            return None
+        self._finding = True  # the look-up below passes through this finder again
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._finding = False
+        if spec is not None and spec.loader is not None:
+            spec.loader = _QuietLoader(spec.loader, self)
+        return spec
+
+
+class _QuietLoader(importlib.abc.Loader):
+    """Runs `loader`'s module inside `filtered_stderr`, then hands the module
+    its own loader back (importlib.resources and pickling look at it)."""
+
+    def __init__(self, loader, finder):
+        self._loader = loader
+        self._finder = finder
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self._finder)
+        try:
+            with filtered_stderr():
+                self._loader.exec_module(module)
+        finally:
+            module.__loader__ = self._loader
+            if module.__spec__ is not None:
+                module.__spec__.loader = self._loader
+        _quiet_absl()
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
 def _quiet_absl() -> None:
     try:
         from absl import logging as absl_logging
@@ -173,6 +223,7 @@ def quiet_tensorflow() -> None:
     tf_logger = logging.getLogger("tensorflow")
     if not any(isinstance(f, _DropTensorFlowNotices) for f in tf_logger.filters):
         tf_logger.addFilter(_DropTensorFlowNotices())
-    if "tensorflow" not in sys.modules:
-        _tensorflow_import.around_import(filtered_stderr)
-    _tensorflow_import.after_import(_quiet_absl)
+    if "tensorflow" in sys.modules:
+        _quiet_absl()
+    elif not any(isinstance(finder, _QuietTensorFlowImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _QuietTensorFlowImport())

@@ -70,7 +70,7 @@ class Hardware:
         return dataclasses.asdict(self)
 
 
-def cpu_flags_and_model() -> tuple[tuple[str, ...], str]:
+def _cpu_flags_and_model() -> tuple[tuple[str, ...], str]:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as handle:
             text = handle.read()
@@ -161,7 +161,7 @@ def detect_hardware() -> Hardware:
     >>> hw.accelerator in ("cpu", "gpu", "tpu")
     True
     """
-    flags, model = cpu_flags_and_model()
+    flags, model = _cpu_flags_and_model()
     return Hardware(
         cpu_model=model,
         cpu_cores=_cpu_cores(),

@@ -89,7 +89,7 @@ FIELD_ORDER = (
     "global_batch_size", "per_replica_batch_size", "grad_accum_steps",
     "effective_batch_size", "clipnorm", "remat", "attention", "dropout", "optimizer", "learning_rate",
     "lr_schedule", "warmup_steps", "total_steps", "prune", "intra_op_threads",
-    "inter_op_threads", "onednn", "xla_cache",
+    "inter_op_threads", "onednn",
 )
 
 # The fields that decide what training computes (not only how fast): a
@@ -174,8 +174,6 @@ class Plan:
         onednn: Whether TensorFlow runs its oneDNN CPU kernels in this
             process (None where the platform has no such switch); decided
             when TensorFlow loads (`kerasfast.onednn`).
-        xla_cache: The folder XLA's compiled programs are kept in between
-            runs, or None: off (`kerasfast.training.compile_cache`).
         prune: Target sparsity of magnitude pruning during the run, or None.
         train_step: Whose train step runs: "kerasfast" (its own, with every
             fast path), "yours" (the model overrides `train_step`) or "keras"
@@ -215,7 +213,6 @@ class Plan:
     tuning: tuple = ()
     tuning_seconds: float | None = None
     onednn: bool | None = None
-    xla_cache: str | None = None
     attention: str = ATTENTION_KERAS
     dropout: str = DROPOUT_KERAS
 
@@ -406,9 +403,6 @@ class RunFacts:
             `kerasfast.costs.PeakFlops`).
         onednn: `(on, reason)`: whether TensorFlow loaded with its oneDNN
             CPU kernels, and why (`kerasfast.onednn.onednn_state()`).
-        xla_cache: `(folder, reason)`: where XLA's compiled programs are
-            kept between runs (None: off), and why
-            (`kerasfast.training.compile_cache.enable`).
         flash_attention: `keras.config.is_flash_attention_enabled()`: None
             (Keras's default), or the user's True / False.
     """
@@ -422,7 +416,6 @@ class RunFacts:
     learning_rate_callbacks: tuple[str, ...] = ()
     peak_flops: Any = None
     onednn: tuple[bool | None, str] = (None, "not known")
-    xla_cache: tuple[str | None, str] = (None, "off: turned on by kerasfast.fit only")
     flash_attention: bool | None = None
 
     def peak_flops_in(self, precision: str) -> float | None:
@@ -1025,7 +1018,6 @@ def resolve_plan(
     threads, thread_reasons = resolve_threads(overrides.intra_op_threads, overrides.inter_op_threads, hardware, run)
     reasons.update(thread_reasons)
     reasons["onednn"] = run.onednn[1]
-    reasons["xla_cache"] = run.xla_cache[1]
     plan = Plan(
         strategy=strategy_name, num_replicas=num_replicas, precision=computation.precision,
         jit_compile=computation.jit_compile, steps_per_execution=computation.steps_per_execution,
@@ -1035,8 +1027,7 @@ def resolve_plan(
         optimizer=rate.optimizer, learning_rate=rate.peak, lr_schedule=rate.schedule, warmup_steps=rate.warmup_steps,
         total_steps=total_steps, intra_op_threads=threads["intra_op_threads"],
         inter_op_threads=threads["inter_op_threads"], reasons=reasons, overridden=tuple(dict.fromkeys(overridden)),
-        train_step=computation.train_step, onednn=run.onednn[0], xla_cache=run.xla_cache[0],
-        attention=computation.attention,
+        train_step=computation.train_step, onednn=run.onednn[0], attention=computation.attention,
         dropout=computation.dropout,
     )
     return _marked_as_found(plan, found, from_backup, rate_was_asked=asked.learning_rate is not None or asked.scale_lr)

@@ -19,14 +19,6 @@ import uuid
 from kerasfast._atomic import replace_durably
 
 DEFAULT_ROOT = "kerasfast_runs"
-CACHE_ENV = "KERASFAST_CACHE_DIR"
-
-
-def cache_root() -> pathlib.Path:
-    """kerasfast's cache folder (tuned plans, XLA's compiled programs): `$KERASFAST_CACHE_DIR`, else
-    `$XDG_CACHE_HOME/kerasfast` or `~/.cache/kerasfast`."""
-    return pathlib.Path(os.environ.get(CACHE_ENV) or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kerasfast"))
 
 
 def new_run_dir(root: str | os.PathLike = DEFAULT_ROOT) -> pathlib.Path:

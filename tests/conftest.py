@@ -7,8 +7,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Tuned plans are cached per test session (worker processes inherit it), never
 # read from or written to the user's own cache.
 os.environ["KERASFAST_CACHE_DIR"] = tempfile.mkdtemp(prefix="kerasfast-test-cache-")
-# XLA's compiled programs are not kept (hundreds of MB over the suite); tests/test_compile_cache.py turns it on.
-os.environ["KERASFAST_XLA_CACHE"] = "off"
 
 # kerasfast before Keras, as the docs advise: TensorFlow then loads with oneDNN's CPU kernels on every
 # x86-64 CPU (kerasfast/onednn.py), the kernels of the worker processes the tests start, so a result

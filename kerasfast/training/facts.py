@@ -15,7 +15,7 @@ import pathlib
 import keras
 import numpy as np
 
-from kerasfast import _compat, compile_cache, costs, threads
+from kerasfast import _compat, costs, threads
 from kerasfast._checks import is_int
 from kerasfast.distribute import ray_train, resolve_strategy
 from kerasfast.distribute.strategy import scope_of
@@ -56,7 +56,6 @@ def start(run: Run) -> None:
     run.run_facts = RunFacts(
         epochs=args.epochs, tf_runtime_started=started, current_intra_op_threads=current[0],
         current_inter_op_threads=current[1], op_determinism=_compat.op_determinism_enabled(),
-        xla_cache=_xla_cache(),
         user_batch_callbacks=per_batch_callbacks(args.callbacks),
         learning_rate_callbacks=learning_rate_callbacks(args.callbacks),
         peak_flops=costs.PeakFlops(shared=_shared(run)), onednn=onednn_state(),
@@ -75,11 +74,6 @@ def _backup_dir(args):
     if users or args.backup_dir is not None:
         return args.backup_dir
     return pathlib.Path(args.run_dir) / "backup" if args.run_dir not in (None, False) else None
-
-
-def _xla_cache() -> tuple[str | None, str]:
-    cache, reason = compile_cache.state()
-    return (str(cache.shared) if cache else None), reason
 
 
 def _seed(run: Run) -> int:

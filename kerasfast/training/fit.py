@@ -19,7 +19,7 @@ import textwrap
 import keras
 import numpy as np
 
-from kerasfast import _compat, compile_cache
+from kerasfast import _compat
 from kerasfast._checks import is_int, is_number
 from kerasfast.data import service
 from kerasfast.data.validation import ON_ERROR
@@ -294,7 +294,6 @@ def fit(
                 trainer.train(run, rate_control)
             result = _result(run, finish.finish_model(run))
             finish.write_run_folder(run, result)
-            compile_cache.publish()  # the programs this run compiled, for the next run
     finish.say_how_it_went(run, result)
     return result
 

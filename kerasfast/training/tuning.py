@@ -21,6 +21,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import pathlib
 import time
 from typing import NamedTuple
@@ -50,10 +51,10 @@ FIXED_EXECUTIONS = 4  # per candidate per round when workers must agree on the c
 
 
 def cache_dir() -> pathlib.Path:
-    """Where tuned plans are kept: `plans` in kerasfast's cache folder (`kerasfast.runs.cache_root()`)."""
-    from kerasfast.runs import cache_root
-
-    return cache_root() / "plans"
+    """Where tuned plans are kept: `$KERASFAST_CACHE_DIR`, else `~/.cache/kerasfast/plans`."""
+    root = os.environ.get("KERASFAST_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kerasfast")
+    return pathlib.Path(root) / "plans"
 
 
 def cache_key(model, sample_inputs, plan, hardware) -> str:
