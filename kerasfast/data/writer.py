@@ -352,6 +352,8 @@ def _shard_count(shards, src, target_shard_bytes: int) -> int:
     if src.num_records is not None and src.num_records > 0:
         count = min(count, src.num_records)
     open_files = _open_files_allowed()
+    if shards is None:
+        return min(count, open_files)  # chosen here: as many as can be open at once
     if count > open_files:
         raise DataError(f"shards={count}: every shard is written at once, a file open for each, and this process may "
                         f"open {open_files} more (ulimit -n): pass fewer shards (kerasfast convert: --shards), or "
@@ -360,14 +362,14 @@ def _shard_count(shards, src, target_shard_bytes: int) -> int:
 
 
 def _open_files_allowed() -> int:
-    """Files this process may still open, less a margin for TensorFlow's own."""
+    """Files this process may open for shards (at most MAX_SHARDS), less a margin for TensorFlow's own."""
     try:
         import resource
 
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     except (ImportError, OSError, ValueError):  # not POSIX
         return MAX_SHARDS
-    return MAX_SHARDS if soft == resource.RLIM_INFINITY else max(1, soft - 256)
+    return MAX_SHARDS if soft == resource.RLIM_INFINITY else max(1, min(MAX_SHARDS, soft - 256))
 
 
 def _plan_shards(out_dir: str, prefix: str, compression: str | None, count: int) -> _ShardPlan:

@@ -344,13 +344,15 @@ class DivergenceGuard(keras.callbacks.Callback):
                 loss = (tracked[0] - previous[0]) / (tracked[1] - previous[1])
         if loss is not None and not math.isfinite(loss):
             return f"the loss became {loss}"
-        for name, value in logs.items():
-            # Losses only: a metric can be NaN on a sound model (PearsonCorrelation of a batch of one
-            # class), and Keras's TerminateOnNaN reads the loss alone too.
-            if not (name == "loss" or name.endswith("_loss")):
-                continue
-            if isinstance(value, (int, float, np.floating)) and not math.isfinite(float(value)):
-                return f"{name} became {float(value)}"
+        numbers = {name: float(value) for name, value in logs.items()
+                   if isinstance(value, (int, float, np.floating))}
+        # The losses only: a metric can be NaN on a sound model (PearsonCorrelation where the targets
+        # do not vary), and Keras's TerminateOnNaN reads the loss alone too. Logs without one (a train_step
+        # of the user's own naming its loss otherwise) are read whole.
+        losses = {name: value for name, value in numbers.items() if name == "loss" or name.endswith("loss")}
+        for name, value in (losses or numbers).items():
+            if not math.isfinite(value):
+                return f"{name} became {value}"
         if loss is None:
             return None
         if self.loss_upper_bound is not None and loss > self.loss_upper_bound:

@@ -295,7 +295,7 @@ def _check_no_objects(part, name: str, what: str) -> None:
     import keras
 
     for leaf in keras.tree.flatten(part) if part is not None else []:
-        if isinstance(leaf, np.ndarray) and leaf.dtype == object and not _holds_strings(leaf):
+        if isinstance(leaf, np.ndarray) and leaf.dtype == object and leaf.size and not _holds_strings(leaf):
             raise DataError(
                 f"{what}: {name} is a NumPy array of Python objects (dtype object, {type(leaf.flat[0]).__name__} "
                 f"first), which TensorFlow cannot read: convert it, e.g. np.asarray({name}, dtype='float32'), or "
@@ -628,10 +628,10 @@ def _check_input_dtype(tensor, spec, model, what: str) -> None:
     strings = _holds_strings(tensor) or str(dtype) in ("string", "<dtype: 'string'>")
     name = _input_name(spec)
     if strings and expected and expected != "string":
-        values = tensor.numpy() if hasattr(tensor, "numpy") else np.asarray(tensor)
-        example = values.flat[0] if values.size else ""
+        values = tensor.numpy() if hasattr(tensor, "numpy") else tensor if isinstance(tensor, np.ndarray) else None
+        example = f" ({values.flat[0]!r}, ...)" if values is not None and values.size else ""
         raise DataError(
-            f"{what}: input {name!r} holds strings ({example!r}, ...), but model {model.name!r} takes {expected} "
+            f"{what}: input {name!r} holds strings{example}, but model {model.name!r} takes {expected} "
             "there: turn the text into numbers first (keras.layers.TextVectorization or StringLookup, in the "
             "model or in a tf.data map), or give the model a string Input (keras.Input(..., dtype='string')).")
 

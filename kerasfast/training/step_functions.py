@@ -77,13 +77,17 @@ def computing_while(function, model, precision: str, remat: str | None):
 
 def _python_state(model, optimizer) -> list:
     """The plain Python values (numbers, strings, flags) a trace may have read from `model`'s layers and
-    `optimizer`: what a tf.function holds as constants."""
+    `optimizer`, what a tf.function holds as constants, and which weights train."""
+    import numpy as np
+
     from kerasfast import _compat
 
+    plain = (bool, int, float, str, np.generic)
     # `stop_training`: a stop asked for before the first batch, which no trace reads.
-    return [sorted((name, value) for name, value in vars(owner).items()
-                   if isinstance(value, (bool, int, float, str)) and name != "stop_training")
-            for owner in [*_compat.flatten_layers(model), model, optimizer] if owner is not None]
+    owners = [*_compat.flatten_layers(model), model, optimizer]
+    return [[id(variable) for variable in model.trainable_variables]] + [
+        sorted((name, value) for name, value in vars(owner).items() if isinstance(value, plain)
+               and name != "stop_training") for owner in owners if owner is not None]
 
 
 def _unpack(data):
@@ -193,7 +197,7 @@ class StepFunctions:
         self._without_gradient = None  # per trainable weight: no gradient in the micro-step traced last
         self._compute_fn = None
         self._executions = {}  # update pattern -> its compiled execution
-        self._traced_with = None  # the Python state tuning traced the executions in (`restart`)
+        self._traced_with = None  # the Python state the executions were made in (`install`, `restart`)
         self._input_wait = None
         self._batches_taken = None  # batches the train steps have read, ever
         # Micro-steps run so far (resumed runs start from their checkpoint).
@@ -450,6 +454,8 @@ class StepFunctions:
             self._compute_fn = self._compute()
         if self.grad_accum_steps > 1 and self._accumulators is None:
             self._create_accumulators()
+        if self._traced_with is None and not self._executions:
+            self._traced_with = _python_state(self.model, self.optimizer)
         if self._input_wait is None:
             self._input_wait = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="input_wait_seconds")
             self._batches_taken = tf.Variable(0, dtype=tf.int64, trainable=False, name="batches_taken")
@@ -625,15 +631,19 @@ class StepFunctions:
         self._traced_with = _python_state(self.model, self.optimizer)
 
     def _retrace_if_changed(self) -> None:
-        """At the run's first execution: the executions tuning compiled hold the model's Python state as
-        it was then (a layer's `trainable`, a float a layer reads). A callback's `on_train_begin` or
-        `on_epoch_begin` that changed it (freezing a layer) would go unseen, where `model.fit`, tracing
-        at its first batch, sees it: then the executions are traced again."""
+        """At the run's first execution: the executions tuning compiled, and the gradient accumulators,
+        were made for the model's Python state as it was then (a layer's `trainable`, a float a layer
+        reads). A callback's `on_train_begin` or `on_epoch_begin` that changed it (freezing a layer)
+        would go unseen, where `model.fit`, tracing at its first batch, sees it: then the executions are
+        traced again, for accumulators of the weights that train now."""
         traced, self._traced_with = self._traced_with, None
         if _python_state(self.model, self.optimizer) != traced:
             self._executions.clear()
             self._first_logs = None
             self._compute_fn = self._compute()
+            if self._accumulators is not None:
+                self._without_gradient = None
+                self._create_accumulators()
 
     def install(self) -> None:
         """Makes Keras's `fit` / `evaluate` use these steps."""
