@@ -194,6 +194,7 @@ def _register_subcommands():
 
 _register_subcommands()
 
+
 def _check_writable(folder, name: str, *, make: bool) -> None:
     """Refuses a folder this process cannot write into (made first when `make`), naming the option."""
     try:

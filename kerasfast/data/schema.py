@@ -62,6 +62,10 @@ def normalize_compression(compression: Any) -> str | None:
     )
 
 
+# Why a feature or model input with a size-0 dimension is refused (the schema's and fit's words).
+NO_VALUES = ("no values (a size of 0): a model input of no values gives nothing to learn from, and "
+             "TensorFlow's oneDNN CPU kernels abort the process on it.")
+
 @dataclasses.dataclass(frozen=True)
 class FeatureSchema:
     """One feature of a record: how it is stored and what it decodes to.
@@ -94,9 +98,8 @@ class FeatureSchema:
                             f"feature stored raw cannot have: give its one fixed shape, whole numbers such as [4] "
                             f"or [28, 28] ([] for a scalar).")
         if 0 in self.shape:
-            raise DataError(f"feature {self.name!r}: shape {list(self.shape)} holds no values (a size of 0): a model "
-                            f"input of no values gives nothing to learn from, and TensorFlow's oneDNN CPU kernels "
-                            f"abort the process on it. Leave the feature out, or give it values.")
+            raise DataError(f"feature {self.name!r}: shape {list(self.shape)} holds {NO_VALUES} Leave the feature out, or "
+                            "give it values.")
         if self.encoding in ("int64", "float", "bytes") and self.shape != ():
             raise DataError(f"feature {self.name!r}: encoding {self.encoding!r} holds scalars only.")
         if self.encoding in IMAGE_ENCODINGS and (len(self.shape) != 3 or self.shape[2] not in (1, 3, 4)):

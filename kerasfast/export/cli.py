@@ -11,17 +11,9 @@ from kerasfast.errors import DataError, KerasfastError
 from kerasfast.export.formats import FORMATS
 
 
-_NUMPY_READ_ERRORS = (OSError, ValueError, EOFError)
-
-
-def _unreadable(file: Path, argument: str, error: Exception) -> DataError:
-    return DataError(f"{argument} {file} is not an array file NumPy can read ({str(error).splitlines()[0][:200]}); "
-                     f"save the arrays with np.save (.npy) or np.savez (.npz), numbers only.")
-
-
-def _np_arrays(file: Path, argument: str, names=None) -> dict:
-    """The arrays of a .npy (as "x") or .npz file (`names` of them, or all), read whole: an array
-    NumPy cannot read (pickled objects, a damaged archive member) is named as the argument's."""
+def _np_arrays(file: Path, argument: str) -> dict:
+    """The arrays of a .npy (as "x") or .npz file, read whole: an array NumPy cannot read (pickled
+    objects, a damaged archive member) is named as the argument's."""
     import zipfile
 
     import numpy as np
@@ -31,10 +23,10 @@ def _np_arrays(file: Path, argument: str, names=None) -> dict:
         if isinstance(loaded, np.ndarray):
             return {"x": loaded}
         with loaded as archive:
-            return {name: archive[name] for name in (archive.files if names is None else names)
-                    if name in archive.files}
-    except (*_NUMPY_READ_ERRORS, zipfile.BadZipFile) as error:
-        raise _unreadable(file, argument, error) from error
+            return {name: archive[name] for name in archive.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
+        raise DataError(f"{argument} {file} is not an array file NumPy can read ({str(error).splitlines()[0][:200]}); "
+                        f"save the arrays with np.save (.npy) or np.savez (.npz), numbers only.") from error
 
 
 def _load_inputs(path: str, argument: str):

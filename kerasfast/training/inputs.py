@@ -28,6 +28,7 @@ import numpy as np
 from kerasfast import _compat
 from kerasfast._checks import is_number
 from kerasfast.data.arrays import array_dataset, first_rows, num_rows
+from kerasfast.data.schema import NO_VALUES
 from kerasfast.errors import DataError, PlanError
 from kerasfast.plan import DataFacts
 
@@ -601,11 +602,8 @@ def check_inputs_match(model, sample_inputs, what: str = "data") -> None:
         shape = tuple(tensor.shape) if hasattr(tensor, "shape") else tuple(np.shape(tensor))
         _check_input_dtype(tensor, spec, model, what)
         if 0 in shape[1:]:
-            raise DataError(
-                f"{what} has inputs of shape {('batch',) + shape[1:]} for model {model.name!r} input "
-                f"{_input_name(spec)!r}: they hold no values (a size of 0), which gives the model nothing to learn "
-                "from, and TensorFlow's oneDNN CPU kernels abort the process on it. Leave the input out, or give "
-                "it values.")
+            raise DataError(f"{what} has inputs of shape {('batch',) + shape[1:]} for model {model.name!r} input "
+                            f"{_input_name(spec)!r}: they hold {NO_VALUES} Leave the input out, or give it values.")
         expected = tuple(spec.shape)
         if not _shapes_compatible(shape, expected):
             if _shapes_compatible((None,) + shape, expected):
