@@ -696,3 +696,40 @@ def is_multi_worker(strategy) -> bool:
     import tensorflow as tf
 
     return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+
+
+def _keras_hub_pipeline_class(model):
+    """keras-hub's `PipelineModel` (`keras_hub.src.utils.pipeline_model`, private; the base of every
+    `keras_hub.models.Task`) when `model` is one, else None. Found by name, so that kerasfast never imports
+    keras-hub (it loads TensorFlow Text and its tokenizers) for a model that is not one of its own."""
+    for cls in type(model).__mro__:
+        if cls.__name__ == "PipelineModel" and cls.__module__.startswith("keras_hub."):
+            return cls
+    return None
+
+
+def hub_preprocessing(model):
+    """The preprocessing a keras-hub model maps over its batches in its own `fit`, `evaluate` and `predict`
+    (its `preprocess_samples(x, y, sample_weight)`), or None: not a keras-hub model, or a task whose
+    `preprocessor` is None (keras-hub then passes the data through as it is)."""
+    pipeline = _keras_hub_pipeline_class(model)
+    if pipeline is None:
+        return None
+    defined_by = next(cls for cls in type(model).__mro__ if "preprocess_samples" in cls.__dict__)
+    if defined_by is pipeline:
+        return None  # PipelineModel's own: packs (x, y, sample_weight) as they are
+    if defined_by.__module__.startswith("keras_hub.") and getattr(model, "preprocessor", None) is None:
+        return None  # Task's: passes the data through when there is no preprocessor
+    return model.preprocess_samples
+
+
+def keras_fit(model):
+    """The `fit` to train `model` on batches kerasfast has already prepared: Keras's own, where keras-hub's
+    `PipelineModel.fit` stands in the way (it would map the task's preprocessing over them a second time and
+    re-wrap the stream); else the model's `fit` (a user's override runs as in `model.fit`)."""
+    for cls in type(model).__mro__:
+        if "fit" in cls.__dict__:
+            if cls is _keras_hub_pipeline_class(model):
+                return functools.partial(keras.Model.fit, model)
+            return model.fit
+    return model.fit

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+from kerasfast import _compat
 from kerasfast.data import service
 from kerasfast.distribute import ray_train
 from kerasfast.errors import PlanError
@@ -59,7 +60,7 @@ def prepare(run: Run, batch_size: int | None) -> None:
         else:
             run.train_data = prepare_data(feed.x, feed.y, feed.sample_weight, batch_size=batch_size,
                                           class_weight=feed.class_weight, shuffle=feed.shuffle, seed=run.seed,
-                                          repeat=True, on_error=feed.on_error)
+                                          repeat=True, on_error=feed.on_error, preprocess=preprocessing(run))
         _validate_with(run, batch_size)
     _refuse_endless_epochs(feed.x, args.steps_per_epoch, args.callbacks)
     if feed.data_service is not None:
@@ -67,6 +68,14 @@ def prepare(run: Run, batch_size: int | None) -> None:
                                steps_per_epoch=args.steps_per_epoch, resuming=run.progress is not None,
                                force_resume=args.resume == "force", on_error=feed.on_error)
         service.check_reachable(*service.parse_address(feed.data_service))
+
+
+def preprocessing(run: Run):
+    """The model's own preprocessing of its batches (a keras-hub task's preprocessor), which `model.fit` would
+    map over the data: kerasfast maps it in the input pipeline instead, once (`kerasfast._compat.keras_fit`)."""
+    import keras
+
+    return _compat.hub_preprocessing(run.model) if isinstance(run.model, keras.Model) else None
 
 
 def _refuse_endless_epochs(x, steps_per_epoch, callbacks) -> None:
@@ -93,7 +102,8 @@ def rebatch(run: Run, batch_size: int) -> None:
 def _validate_with(run: Run, batch_size: int | None) -> None:
     feed = run.feed
     run.validation = validation_arguments(feed.validation_data, feed.validation_batch_size or batch_size,
-                                          feed.validation_steps, feed.validation_freq, run.train_data, feed.on_error)
+                                          feed.validation_steps, feed.validation_freq, run.train_data, feed.on_error,
+                                          preprocessing(run))
     # The training data's checks, before any step (Keras would fail only after the first epoch's training).
     check_validation_data(run.validation.get("validation_data"), run.model)
 

@@ -448,7 +448,7 @@ def sharded_tfrecord_stream(pattern: str, strategy, *, global_batch_size: int, s
 
 def prepare_data(x, y=None, sample_weight=None, *, batch_size: int | None, class_weight=None,
                  shuffle=True, seed: int | None = None, what: str = "data", repeat: bool = False,
-                 on_error: str = "raise") -> PreparedData:
+                 on_error: str = "raise", preprocess=None) -> PreparedData:
     """Normalises `fit`'s data arguments into a batched dataset and describes it.
 
     Args:
@@ -464,6 +464,10 @@ def prepare_data(x, y=None, sample_weight=None, *, batch_size: int | None, class
             passes (training); other data is repeated by the caller.
         on_error: For TFRecords: "raise" on a damaged record, or "skip" it
             (see `kerasfast.data.tfrecord_dataset`).
+        preprocess: The model's own preprocessing, `f(x, y=None,
+            sample_weight=None)` on a batch (a keras-hub task's
+            `preprocess_samples`), mapped over the batches in the pipeline;
+            None for data the model takes as it is.
 
     Returns:
         A `PreparedData`.
@@ -471,7 +475,7 @@ def prepare_data(x, y=None, sample_weight=None, *, batch_size: int | None, class
     Raises:
         DataError: For data that cannot be used, naming what is wrong.
     """
-    reading = _Reading(batch_size or 32, class_weight, shuffle, seed, what, repeat, on_error)
+    reading = _Reading(batch_size or 32, class_weight, shuffle, seed, what, repeat, on_error, preprocess)
     prepared = _prepared(x, y, sample_weight, reading)
 
     def remake(new_batch_size: int, **changes) -> PreparedData:
@@ -492,9 +496,47 @@ class _Reading:
     what: str
     repeat: bool
     on_error: str
+    preprocess: object = None
 
 
 def _prepared(x, y, sample_weight, reading: _Reading) -> PreparedData:
+    prepared = _read(x, y, sample_weight, reading)
+    return _preprocessed(prepared, reading.preprocess) if reading.preprocess is not None else prepared
+
+
+# Batches the model's own preprocessing works ahead of the step that reads them; its map runs a batch per
+# core at once (in order, so a resumed run replays the same batches).
+PREPROCESSED_AHEAD = 4
+
+
+def _preprocessed(prepared: PreparedData, preprocess) -> PreparedData:
+    """`prepared` with the model's own preprocessing mapped over its batches (a keras-hub task's preprocessor,
+    which `task.fit` maps the same way), in parallel and prefetched; the sample batch is the one the model
+    takes."""
+    import tensorflow as tf
+
+    dataset = prepared.dataset.map(preprocess, num_parallel_calls=os.cpu_count() or 1, deterministic=True)
+    sample = _compat.tensors(_apply_to_element(preprocess, _compat.tensors(prepared.sample_batch)))
+    return dataclasses.replace(
+        prepared, dataset=dataset.prefetch(PREPROCESSED_AHEAD), sample_batch=sample, sample_inputs=_unpack(sample)[0],
+        description=f"{prepared.description}; {preprocessing_name(preprocess)} in the input pipeline "
+                    f"({os.cpu_count() or 1} batches at once, {PREPROCESSED_AHEAD} ahead)")
+
+
+def preprocessing_name(preprocess) -> str:
+    """The class that preprocesses: a keras-hub task's preprocessor, or the model whose method it is."""
+    owner = getattr(preprocess, "__self__", None)
+    if owner is None:
+        return getattr(preprocess, "__name__", "preprocessing")
+    return type(getattr(owner, "preprocessor", None) or owner).__name__
+
+
+def _apply_to_element(function, element):
+    """`function` called on a dataset element as `Dataset.map` calls it: a tuple's parts as its arguments."""
+    return function(*element) if isinstance(element, tuple) else function(element)
+
+
+def _read(x, y, sample_weight, reading: _Reading) -> PreparedData:
     import tensorflow as tf
 
     x, y, sample_weight = unpacked(x, y, sample_weight)
@@ -767,18 +809,20 @@ def _loss_name(loss) -> str:
     return getattr(loss, "name", None) or getattr(loss, "__name__", None) or type(loss).__name__
 
 
-def validation_arguments(validation_data, batch_size, steps, freq, train_data, on_error) -> dict:
-    """Keras's own validation arguments; kerasfast only reads TFRecord paths itself."""
+def validation_arguments(validation_data, batch_size, steps, freq, train_data, on_error, preprocess=None) -> dict:
+    """Keras's own validation arguments; kerasfast reads TFRecord paths itself, and any data the model's own
+    preprocessing (`preprocess`, as in `prepare_data`) maps over."""
     if validation_data is None:
         return {}
     if isinstance(validation_data, (tuple, list)) and 2 <= len(validation_data) <= 3:
         validation_data = (_with_string_tensors(validation_data[0]), *validation_data[1:])
     _refuse_endless_validation(validation_data, steps)
-    if isinstance(validation_data, (str, os.PathLike)) or steps is not None:
+    if isinstance(validation_data, (str, os.PathLike)) or steps is not None or preprocess is not None:
         # kerasfast's evaluation runs whole executions until the data ends, so
         # validation_steps is applied to the data itself.
         validation_data = prepare_data(validation_data, batch_size=batch_size or train_data.facts.batch_size,
-                                       shuffle=False, what="validation_data", on_error=on_error).dataset
+                                       shuffle=False, what="validation_data", on_error=on_error,
+                                       preprocess=preprocess).dataset
         if steps is not None:
             validation_data, steps = first_batches(validation_data, steps), None
     return {"validation_data": validation_data, "validation_steps": steps, "validation_freq": freq,

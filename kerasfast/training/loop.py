@@ -282,7 +282,7 @@ def run_epochs(model, stream_from, *, plan, epochs: int, callbacks: list, verbos
             before.append(_RestoreMetrics(metric_values))
         phase_callbacks = _session_callbacks(callbacks, verbose, steps, first_step, epochs, first=index == 0,
                                              last=index == len(phases) - 1)
-        histories.append(model.fit(
+        histories.append(_compat.keras_fit(model)(
             stream_from(done),
             initial_epoch=first_epoch,
             epochs=last_epoch,
