@@ -72,10 +72,22 @@ def prepare(run: Run, batch_size: int | None) -> None:
 
 def preprocessing(run: Run):
     """The model's own preprocessing of its batches (a keras-hub task's preprocessor), which `model.fit` would
-    map over the data: kerasfast maps it in the input pipeline instead, once (`kerasfast._compat.keras_fit`)."""
+    map over the data: kerasfast maps it in the input pipeline instead, once (`kerasfast._compat.keras_fit`).
+    None until a builder has made the model (`add_builders_preprocessing`)."""
     import keras
 
-    return _compat.hub_preprocessing(run.model) if isinstance(run.model, keras.Model) else None
+    model = run.prepared.train_model if run.prepared is not None else run.model
+    return _compat.hub_preprocessing(model) if isinstance(model, keras.Model) else None
+
+
+def add_builders_preprocessing(run: Run) -> None:
+    """The model a builder made (in the model phase) preprocesses its own batches: that preprocessing joins the
+    training and validation pipelines the data phase built, as it would have for the model itself."""
+    preprocess = preprocessing(run)
+    if preprocess is not None:
+        with damage_named(run.feed.x, run.feed.validation_data):
+            run.train_data = run.train_data.preprocessed(preprocess)
+            _validate_with(run, run.args.overrides.batch_size)
 
 
 def _refuse_endless_epochs(x, steps_per_epoch, callbacks) -> None:

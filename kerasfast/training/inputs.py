@@ -75,6 +75,10 @@ class PreparedData:
         """
         return self.remake(batch_size, **changes)
 
+    def preprocessed(self, preprocess) -> "PreparedData":
+        """The same data with a model's own preprocessing of its batches mapped over them (see `prepare_data`)."""
+        return _preprocessed(self, preprocess)
+
 
 def _unpack(batch):
     import keras
@@ -517,10 +521,12 @@ def _preprocessed(prepared: PreparedData, preprocess) -> PreparedData:
 
     dataset = prepared.dataset.map(preprocess, num_parallel_calls=os.cpu_count() or 1, deterministic=True)
     sample = _compat.tensors(_apply_to_element(preprocess, _compat.tensors(prepared.sample_batch)))
+    remake = prepared.remake
     return dataclasses.replace(
         prepared, dataset=dataset.prefetch(PREPROCESSED_AHEAD), sample_batch=sample, sample_inputs=_unpack(sample)[0],
         description=f"{prepared.description}; {preprocessing_name(preprocess)} in the input pipeline "
-                    f"({os.cpu_count() or 1} batches at once, {PREPROCESSED_AHEAD} ahead)")
+                    f"({os.cpu_count() or 1} batches at once, {PREPROCESSED_AHEAD} ahead)",
+        remake=remake and (lambda batch_size, **changes: _preprocessed(remake(batch_size, **changes), preprocess)))
 
 
 def preprocessing_name(preprocess) -> str:

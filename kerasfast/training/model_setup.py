@@ -10,7 +10,7 @@ import tensorflow as tf
 from kerasfast import _compat
 from kerasfast.distribute.strategy import scope_of
 from kerasfast.errors import PlanError
-from kerasfast.training import facts, optimizers
+from kerasfast.training import facts, feed, optimizers
 from kerasfast.training.inputs import check_inputs_match, check_sparse_labels, check_targets, check_validation_data
 from kerasfast.training.models import copy_optimizer_state, prepare_model
 from kerasfast.training.run import Run
@@ -25,8 +25,10 @@ def prepare(run: Run) -> None:
     if isinstance(model, keras.Model) and not own_steps:
         check_inputs_match(model, sample_inputs)
     prepared = run.prepared = prepare_model(model, sample_inputs, strategy=run.strategy, own_steps=own_steps)
+    if not isinstance(model, keras.Model):
+        feed.add_builders_preprocessing(run)
     if _compat.overridden_step(prepared.train_model, "train_step") is None:
-        check_inputs_match(prepared.train_model, sample_inputs)
+        check_inputs_match(prepared.train_model, run.train_data.sample_inputs)
     if not isinstance(model, keras.Model) and run.validation:
         # Built by the user's function only now: its validation inputs are checked as a model's are in `feed`.
         check_validation_data(run.validation.get("validation_data"), prepared.train_model)
