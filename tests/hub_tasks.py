@@ -19,15 +19,17 @@ def byte_vocabulary() -> dict:
     return {token: index for index, token in enumerate(tokens + ["<|endoftext|>", "<pad>"])}
 
 
-def bert_classifier(preprocessor: bool = True, sequence_length: int = 8, num_classes: int = 2):
+def bert_classifier(preprocessor: bool = True, sequence_length: int = 8, num_classes: int = 2, dropout=0.0):
+    """A one-layer BERT classifier; without dropout by default, so that two runs compare step for step."""
     import keras_hub
 
     vocabulary = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
     backbone = keras_hub.models.BertBackbone(vocabulary_size=len(vocabulary), num_layers=1, num_heads=2,
-                                             hidden_dim=8, intermediate_dim=16, max_sequence_length=sequence_length)
+                                             hidden_dim=8, intermediate_dim=16, max_sequence_length=sequence_length,
+                                             dropout=dropout)
     processor = keras_hub.models.BertTextClassifierPreprocessor(
         keras_hub.models.BertTokenizer(vocabulary=vocabulary), sequence_length=sequence_length)
-    return keras_hub.models.BertTextClassifier(backbone, num_classes=num_classes,
+    return keras_hub.models.BertTextClassifier(backbone, num_classes=num_classes, dropout=dropout,
                                                preprocessor=processor if preprocessor else None)
 
 
@@ -39,12 +41,13 @@ def text_labels(n: int = 64, seed: int = 0):
     return x, (first % 2 == 0).astype("int32")
 
 
-def gpt2_causal_lm(preprocessor: bool = True, sequence_length: int = 16):
+def gpt2_causal_lm(preprocessor: bool = True, sequence_length: int = 16, dropout=0.0):
     import keras_hub
 
     vocabulary = byte_vocabulary()
     backbone = keras_hub.models.GPT2Backbone(vocabulary_size=len(vocabulary), num_layers=1, num_heads=2,
-                                             hidden_dim=16, intermediate_dim=32, max_sequence_length=sequence_length)
+                                             hidden_dim=16, intermediate_dim=32, max_sequence_length=sequence_length,
+                                             dropout=dropout)
     processor = keras_hub.models.GPT2CausalLMPreprocessor(
         keras_hub.models.GPT2Tokenizer(vocabulary=vocabulary, merges=MERGES), sequence_length=sequence_length)
     return keras_hub.models.GPT2CausalLM(backbone, preprocessor=processor if preprocessor else None)
@@ -82,3 +85,6 @@ def images_labels(n: int = 32, size: int = 24, seed: int = 0):
     y = rng.integers(0, 2, n).astype("int32")
     x = (rng.integers(0, 128, (n, size, size, 3)) + 127 * y[:, None, None, None]).astype("uint8")
     return x, y
+
+
+CODE = np.array(["def f(x): return x", "import os", "class A: pass", "print(1)"] * 8)
