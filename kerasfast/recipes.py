@@ -40,7 +40,7 @@ import click
 from kerasfast.plan import PRECISIONS
 from kerasfast.runs import write_json
 
-RECIPES = ("image_classification", "gpt", "text_classification", "tabular")
+RECIPES = ("image_classification", "gpt", "text_classification", "tabular", "finetune")
 # How a recipe's layers name their module in a saved model's config: the
 # name `_load_script` imports the recipe under.
 _RECIPE_MODULE = re.compile(r"kerasfast_recipe_(\w+)")
@@ -163,6 +163,26 @@ def parser(description: str, *, epochs: int, batch_size: int, out: str | None = 
                         help="run the recipe on N Ray Train workers: a local Ray cluster, or the one RAY_ADDRESS "
                              "names; --out must then be a folder every node sees (pip install 'kerasfast[ray]')")
     return parser
+
+
+def import_optional(module: str, *, extra: str):
+    """`module`, imported; when it is not installed, a one-line `SystemExit` naming the kerasfast extra that
+    brings it (`pip install -e ".[EXTRA]"`) instead of a traceback.
+
+    Args:
+        module: The module's import name, e.g. "keras_hub".
+        extra: The extra of kerasfast's pyproject.toml that installs it, e.g. "hub".
+    """
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        if error.name != module.split(".")[0]:
+            raise  # the module is there; something it imports is not: its own error says what
+        script = pathlib.Path(sys._getframe(1).f_globals.get("__file__", "the recipe")).name
+        raise SystemExit(f"{script} needs {module}, which is not installed: pip install -e \".[{extra}]\" "
+                         f"(or pip install \"kerasfast[{extra}]\").") from None
 
 
 def start(args):

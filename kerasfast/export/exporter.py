@@ -472,7 +472,9 @@ def _convert_tflite_once(job: _Job, staging: _Staging, name: str):
             str(_int8_graph_dir(job, staging)), job.calibration, job.comparison, job.tflite_reference,
             _allowed_diff(name, job.tflite_reference),
             int8_input_output=job.int8_input_output, allow_flex_ops=job.allow_flex_ops,
-            known_layer_names=_layer_names(job.model),
+            # A nested model (a pretrained backbone, a keras-hub task) is no one layer to keep in float: its
+            # ops are taken for its own layers'.
+            known_layer_names=[layer.name for layer in _layers(job.model) if not isinstance(layer, keras.Model)],
             norm_layers=[l.name for l in _layers(job.model) if isinstance(l, _NORMALIZATION_LAYERS)],
         )
         return int8_choice.content, int8_choice
