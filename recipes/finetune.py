@@ -16,7 +16,9 @@ input pipeline, in parallel and ahead of the training step.
 
 **Training:** `kerasfast.fit(task, texts, labels)` with the auto plan; LoRA
 (`--lora-rank`, on by default for the LM) trains low-rank factors of the
-attention projections and leaves the backbone's weights as they were. The
+attention projections and leaves the backbone's weights as they were (on the
+small model built here, whose backbone starts random, `--lora-rank 0` trains
+it all). The
 task keeps its own compile defaults (loss, metrics), with the recipe's
 learning rate. `--prune S` fine-tunes again while pruning the classifier's
 kernels to sparsity S; `--export` writes the classifier as `.keras`, float32
@@ -140,8 +142,8 @@ def byte_pair_vocabulary(texts, merges: int) -> tuple[dict, list[str]]:
 
     from keras_hub.src.tokenizers.byte_pair_tokenizer import bytes_to_unicode
 
-    alphabet = bytes_to_unicode()[1]
-    byte_char = dict(zip(bytes_to_unicode()[0].numpy().tolist(), alphabet, strict=True))
+    byte_values, alphabet = bytes_to_unicode()
+    byte_char = dict(zip((value[0] for value in byte_values), alphabet, strict=True))  # byte -> its character
     pairs = Counter()
     for text in texts:
         for word in str(text).replace(" ", "\n ").split("\n"):
@@ -212,6 +214,7 @@ def main(argv=None) -> dict:
     if args.task == "lm":
         loss = task.evaluate(x_validation, verbose=0, return_dict=True)["loss"]
         metrics.update(validation_loss=loss, validation_perplexity=float(np.exp(loss)),
+                       vocabulary_size=int(task.preprocessor.tokenizer.vocabulary_size()),
                        sample=task.generate(str(x_validation[0])[:12], max_length=sequence_length))
     else:
         metrics.update(test_accuracy=_accuracy(task, x_test, y_test),
@@ -225,7 +228,7 @@ def main(argv=None) -> dict:
             # The file takes token ids, as the task's preprocessor makes them (a serving client, or the app on
             # the phone, tokenises with the same vocabulary): evaluated on the test texts tokenised so.
             tokens = np.asarray(task.preprocessor(x_test)["token_ids"])
-            rates = recipes.export_and_report(serving_classifier(task, sequence_length), out / "export",
+            rates = recipes.export_and_report(serving_classifier(task, tokens.shape[1]), out / "export",
                                               eval_data=(tokens, y_test), representative_data=tokens[:200],
                                               metrics=metrics)
 

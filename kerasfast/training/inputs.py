@@ -820,6 +820,8 @@ def validation_arguments(validation_data, batch_size, steps, freq, train_data, o
     preprocessing (`preprocess`, as in `prepare_data`) maps over."""
     if validation_data is None:
         return {}
+    if isinstance(validation_data, (tuple, list)) and len(validation_data) == 1:
+        validation_data = validation_data[0]  # Keras reads (x,) as x alone
     if isinstance(validation_data, (tuple, list)) and 2 <= len(validation_data) <= 3:
         validation_data = (_with_string_tensors(validation_data[0]), *validation_data[1:])
     _refuse_endless_validation(validation_data, steps)
