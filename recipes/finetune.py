@@ -148,7 +148,7 @@ def byte_pair_vocabulary(texts, merges: int) -> tuple[dict, list[str]]:
     for text in texts:
         for word in str(text).replace(" ", "\n ").split("\n"):
             chars = [byte_char[b] for b in word.encode("utf-8")]
-            pairs.update(zip(chars, chars[1:]))
+            pairs.update(zip(chars, chars[1:], strict=False))
     kept = [f"{a} {b}" for (a, b), _ in pairs.most_common(merges)]
     tokens = list(alphabet) + [merge.replace(" ", "") for merge in kept] + ["<|endoftext|>"]
     return {token: index for index, token in enumerate(tokens)}, kept

@@ -517,8 +517,6 @@ def _preprocessed(prepared: PreparedData, preprocess) -> PreparedData:
     """`prepared` with the model's own preprocessing mapped over its batches (a keras-hub task's preprocessor,
     which `task.fit` maps the same way), in parallel and prefetched; the sample batch is the one the model
     takes."""
-    import tensorflow as tf
-
     dataset = prepared.dataset.map(preprocess, num_parallel_calls=os.cpu_count() or 1, deterministic=True)
     sample = _compat.tensors(_apply_to_element(preprocess, _compat.tensors(prepared.sample_batch)))
     remake = prepared.remake
