@@ -24,7 +24,7 @@ def test_the_classifier_fine_tunes_prunes_and_exports_int8_verified_in_litert(tm
     assert metrics["dense_test_accuracy"] > metrics["majority_class_accuracy"] + 0.1
     assert metrics["test_accuracy"] > metrics["majority_class_accuracy"] and metrics["sparsity"] == 0.5
     plan = json.loads((tmp_path / "train" / "plan.json").read_text())
-    assert "BertTextClassifierPreprocessor in the input pipeline" in (tmp_path / "train" / "result.json").read_text()
+    assert "BertTextClassifierPreprocessor applied once" in (tmp_path / "train" / "result.json").read_text()
     assert plan["fields"]["optimizer"]["value"] == "AdamW"
     int8 = next(row for row in metrics["export"] if row["format"] == "tflite_int8")
     float32 = next(row for row in metrics["export"] if row["format"] == "tflite_float32")

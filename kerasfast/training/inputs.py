@@ -479,14 +479,33 @@ def prepare_data(x, y=None, sample_weight=None, *, batch_size: int | None, class
     Raises:
         DataError: For data that cannot be used, naming what is wrong.
     """
+    once = _preprocessed_once(x, y, sample_weight, preprocess)
+    if once is not None:  # every epoch reads the preprocessed arrays
+        x, y, sample_weight, preprocess = once.x, once.y, once.sample_weight, None
     reading = _Reading(batch_size or 32, class_weight, shuffle, seed, what, repeat, on_error, preprocess)
-    prepared = _prepared(x, y, sample_weight, reading)
 
     def remake(new_batch_size: int, **changes) -> PreparedData:
-        return _prepared(x, y, sample_weight, dataclasses.replace(reading, batch_size=new_batch_size, **changes))
+        remade = _prepared(x, y, sample_weight, dataclasses.replace(reading, batch_size=new_batch_size, **changes))
+        if once is not None:
+            remade.description += f"; {once.description}"
+        remade.remake = remake
+        return remade
 
-    prepared.remake = remake
-    return prepared
+    return remake(reading.batch_size)
+
+
+def _preprocessed_once(x, y, sample_weight, preprocess):
+    """A model's own preprocessing applied to whole arrays before training (`preprocessing.applied_once`), or
+    None: no preprocessing, data that are no arrays, or preprocessing to map per batch."""
+    if preprocess is None:
+        return None
+    x, y, sample_weight = unpacked(x, y, sample_weight)
+    if isinstance(x, (str, os.PathLike)) or x is None or not _compat.can_convert_arrays((x, y, sample_weight)):
+        return None
+    from kerasfast.training import preprocessing
+
+    x, y, sample_weight = (_arrays(part) if part is not None else None for part in (x, y, sample_weight))
+    return preprocessing.applied_once(x, y, sample_weight, preprocess)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -517,22 +536,17 @@ def _preprocessed(prepared: PreparedData, preprocess) -> PreparedData:
     """`prepared` with the model's own preprocessing mapped over its batches (a keras-hub task's preprocessor,
     which `task.fit` maps the same way), in parallel and prefetched; the sample batch is the one the model
     takes."""
+    from kerasfast.training import preprocessing
+
     dataset = prepared.dataset.map(preprocess, num_parallel_calls=os.cpu_count() or 1, deterministic=True)
     sample = _compat.tensors(_apply_to_element(preprocess, _compat.tensors(prepared.sample_batch)))
     remake = prepared.remake
     return dataclasses.replace(
         prepared, dataset=dataset.prefetch(PREPROCESSED_AHEAD), sample_batch=sample, sample_inputs=_unpack(sample)[0],
-        description=f"{prepared.description}; {preprocessing_name(preprocess)} in the input pipeline "
+        description=f"{prepared.description}; {preprocessing.name(preprocess)} in the input pipeline "
                     f"({os.cpu_count() or 1} batches at once, {PREPROCESSED_AHEAD} ahead)",
         remake=remake and (lambda batch_size, **changes: _preprocessed(remake(batch_size, **changes), preprocess)))
 
-
-def preprocessing_name(preprocess) -> str:
-    """The class that preprocesses: a keras-hub task's preprocessor, or the model whose method it is."""
-    owner = getattr(preprocess, "__self__", None)
-    if owner is None:
-        return getattr(preprocess, "__name__", "preprocessing")
-    return type(getattr(owner, "preprocessor", None) or owner).__name__
 
 
 def _apply_to_element(function, element):
