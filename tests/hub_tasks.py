@@ -19,14 +19,15 @@ def byte_vocabulary() -> dict:
     return {token: index for index, token in enumerate(tokens + ["<|endoftext|>", "<pad>"])}
 
 
-def bert_classifier(preprocessor: bool = True, sequence_length: int = 8, num_classes: int = 2, dropout=0.0):
+def bert_classifier(preprocessor: bool = True, sequence_length: int = 8, num_classes: int = 2, dropout=0.0,
+                    dtype=None):
     """A one-layer BERT classifier; without dropout by default, so that two runs compare step for step."""
     import keras_hub
 
     vocabulary = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
     backbone = keras_hub.models.BertBackbone(vocabulary_size=len(vocabulary), num_layers=1, num_heads=2,
                                              hidden_dim=8, intermediate_dim=16, max_sequence_length=sequence_length,
-                                             dropout=dropout)
+                                             dropout=dropout, dtype=dtype)
     processor = keras_hub.models.BertTextClassifierPreprocessor(
         keras_hub.models.BertTokenizer(vocabulary=vocabulary), sequence_length=sequence_length)
     return keras_hub.models.BertTextClassifier(backbone, num_classes=num_classes, dropout=dropout,

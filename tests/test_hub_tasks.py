@@ -166,6 +166,42 @@ def test_the_tasks_own_compile_defaults_are_kept():
     assert result.plan.learning_rate == pytest.approx(float(optimizer.learning_rate.numpy()))
 
 
+def test_a_task_in_its_own_bfloat16_trains_in_it_and_the_plan_says_so():
+    """A preset loaded with dtype="bfloat16" computes in bfloat16 under task.fit: so it does under kerasfast.fit,
+    whatever precision the plan picks for the rest."""
+    x, y = hub_tasks.text_labels(64)
+    keras_task, ours = _twins(lambda: hub_tasks.bert_classifier(dtype="bfloat16"))
+    expected = keras_task.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0).history
+    result = kerasfast.fit(ours, x, y, batch_size=16, epochs=2, shuffle=False, **FIT)
+    np.testing.assert_allclose(result.history["loss"], expected["loss"], rtol=1e-3)
+    assert ours.backbone.dtype_policy.name == "bfloat16"
+    assert "keras-hub BertTextClassifier; its own dtype: bfloat16" in result.model_preparation
+
+
+def test_the_plan_names_lora_and_how_many_weights_train():
+    task = hub_tasks.bert_classifier()
+    task.backbone.enable_lora(2)
+    x, y = hub_tasks.text_labels(32)
+    how = kerasfast.fit(task, x, y, batch_size=16, epochs=1, **FIT).model_preparation
+    trainable = sum(int(np.prod(w.shape)) for w in task.trainable_weights)
+    assert "LoRA rank 2 on 2 layers" in how and f"{trainable:,} of " in how
+
+
+def test_a_pydataset_of_numpy_strings_is_named_with_the_fix():
+    """Keras's PyDataset adapter cannot read NumPy string arrays (task.fit fails too): named, with the fix."""
+    x, y = hub_tasks.text_labels(32)
+
+    class Texts(keras.utils.PyDataset):
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, index):
+            return x[index * 16:(index + 1) * 16], y[index * 16:(index + 1) * 16]
+
+    with pytest.raises(kerasfast.DataError, match=r"NumPy strings.*tf\.constant"):
+        kerasfast.fit(hub_tasks.bert_classifier(), Texts(), epochs=1, **FIT)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["mirrored", "multi_worker"])
 def test_a_task_built_in_the_strategys_scope_trains_on_strings(tmp_path, strategy):

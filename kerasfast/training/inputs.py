@@ -399,6 +399,7 @@ def _from_adapter(x, class_weight, shuffle, what: str) -> PreparedData:
     except ValueError as error:
         raise DataError(f"{what}: {error}") from error
     first = _compat.first_batch(adapter)
+    _refuse_numpy_strings(first, type(x).__name__, what)
     _compat.call_epoch_hooks(adapter)
     dataset = adapter.get_tf_dataset()
     steps = adapter.num_batches
@@ -411,6 +412,19 @@ def _from_adapter(x, class_weight, shuffle, what: str) -> PreparedData:
     return PreparedData(dataset, facts, sample_inputs,
                         f"{kind}, {f'{steps} batches' if steps else 'unknown length'}, batch {batch}", first,
                         source="python", replayable=indexed, epoch_passes=indexed and steps is not None)
+
+
+def _refuse_numpy_strings(batch, kind: str, what: str) -> None:
+    """Keras's adapter for a `PyDataset` or a generator cannot read NumPy string arrays ("Invalid dtype: str288";
+    `model.fit` fails too): named, with the fix."""
+    import keras
+
+    strings = [leaf for leaf in keras.tree.flatten(batch) if isinstance(leaf, np.ndarray) and _holds_strings(leaf)]
+    if strings:
+        raise DataError(
+            f"{what}: the {kind} yields NumPy strings ({strings[0].flat[0]!r}, ...), which Keras's adapter for it "
+            "cannot read (model.fit fails too): return them as tf.constant(...) from it, or pass the arrays "
+            "themselves (x=texts, y=labels).")
 
 
 def _tfrecords(pattern: str, reading: "_Reading") -> PreparedData:

@@ -12,7 +12,7 @@ from kerasfast.distribute.strategy import scope_of
 from kerasfast.errors import PlanError
 from kerasfast.training import facts, feed, optimizers
 from kerasfast.training.inputs import check_inputs_match, check_sparse_labels, check_targets, check_validation_data
-from kerasfast.training.models import copy_optimizer_state, prepare_model
+from kerasfast.training.models import copy_optimizer_state, own_settings, prepare_model
 from kerasfast.training.run import Run
 
 
@@ -27,6 +27,9 @@ def prepare(run: Run) -> None:
     prepared = run.prepared = prepare_model(model, sample_inputs, strategy=run.strategy, own_steps=own_steps)
     if not isinstance(model, keras.Model):
         feed.add_builders_preprocessing(run)
+    kept = own_settings(prepared.user_model)
+    if kept:
+        prepared.how = f"{prepared.how}; {kept}"
     if _compat.overridden_step(prepared.train_model, "train_step") is None:
         check_inputs_match(prepared.train_model, run.train_data.sample_inputs)
     if not isinstance(model, keras.Model) and run.validation:

@@ -19,9 +19,10 @@ from kerasfast.distribute.strategy import scope_of
 from kerasfast.errors import DataError, ModelError
 
 FLOAT_POLICIES = ("float32", "float16", "bfloat16", "float64", "mixed_float16", "mixed_bfloat16")
-# A layer the user made compute in float64 asked for its precision, not for speed: the plan's policy leaves it
-# as it is (its variables are float64 too).
-KEPT_POLICIES = ("float64",)
+# A layer the user made compute in float64, bfloat16 or float16 (its variables too: a keras-hub preset loaded
+# with dtype="bfloat16", a layer built with dtype="float16") asked for that precision, as model.fit computes
+# it: the plan's policy leaves it as it is.
+KEPT_POLICIES = ("float64", "bfloat16", "float16")
 
 
 @contextlib.contextmanager
@@ -177,8 +178,8 @@ def computing_in(model, policy: str, remat: str | None = None):
     compute dtype in place is exact: nothing is rebuilt or copied, and the
     model object the user holds is the one that trains. Layers whose outputs
     leave the model (or a nested functional model) stay float32, as do the
-    layers a model built under a mixed policy keeps in float32; float64
-    layers keep float64 (`KEPT_POLICIES`).
+    layers a model built under a mixed policy keeps in float32; float64,
+    bfloat16 and float16 layers keep theirs (`KEPT_POLICIES`).
 
     Args:
         model: A Keras model (any kind, built or not).
@@ -345,3 +346,40 @@ def _ensure_built(model, sample_inputs) -> None:
             f"model {model.name!r} could not be run on a batch of the data: {error}. Check that the data's inputs "
             "(shape, dtype, number of inputs) match what the model expects."
         ) from error
+
+
+def own_settings(model) -> str:
+    """What of the model's own the run keeps, for the plan's `model:` line ("" when nothing): a keras-hub task's
+    class, layers computing in their own precision (`KEPT_POLICIES`), LoRA and its rank, frozen weights.
+
+    Example:
+
+    >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, dtype="bfloat16"), keras.layers.Dense(1)])
+    >>> model.layers[1].enable_lora(2)
+    >>> own_settings(model)
+    'its own dtype: bfloat16 (1 layer); LoRA rank 2 on 1 layer; 59 of 67 weights train'
+    """
+    layers = [layer for layer in _compat.flatten_layers(model) if not isinstance(layer, keras.Model)]
+    parts = [f"keras-hub {type(model).__name__}"] if _compat.hub_preprocessing(model) is not None \
+        or type(model).__module__.startswith("keras_hub.") else []
+    policies: dict[str, int] = {}
+    for layer in layers:
+        policy = getattr(getattr(layer, "dtype_policy", None), "name", None)
+        if policy in KEPT_POLICIES and layer.weights:
+            policies[policy] = policies.get(policy, 0) + 1
+    if policies:
+        parts.append("its own dtype: " + ", ".join(f"{name} ({_count(count, 'layer')})"
+                                                   for name, count in policies.items()))
+    lora = [layer for layer in layers if getattr(layer, "lora_enabled", False)]
+    if lora:
+        ranks = sorted({layer.lora_rank for layer in lora})
+        parts.append(f"LoRA rank {'/'.join(map(str, ranks))} on {_count(len(lora), 'layer')}")
+    trainable = sum(int(keras.ops.size(weight)) for weight in model.trainable_weights)
+    total = sum(int(keras.ops.size(weight)) for weight in model.weights)
+    if trainable < total and (lora or parts):
+        parts.append(f"{trainable:,} of {total:,} weights train")
+    return "; ".join(parts)
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
