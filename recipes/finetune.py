@@ -135,22 +135,34 @@ def causal_lm(texts, sequence_length: int, preset: str | None, smoke: bool):
     return keras_hub.models.GPT2CausalLM(backbone, preprocessor=preprocessor)
 
 
+def byte_alphabet() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: a printable character for each of the 256 byte values (printable bytes
+    stand for themselves), so that any text tokenises.
+
+    Example:
+
+    >>> alphabet = byte_alphabet()
+    >>> alphabet[ord("a")], alphabet[ord(" ")], len(set(alphabet.values()))
+    ('a', 'Ġ', 256)
+    """
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [byte for byte in range(256) if byte not in printable]
+    return {**{byte: chr(byte) for byte in printable}, **{byte: chr(256 + i) for i, byte in enumerate(others)}}
+
+
 def byte_pair_vocabulary(texts, merges: int) -> tuple[dict, list[str]]:
     """GPT-2's byte alphabet plus the `merges` most frequent pairs of adjacent bytes within words of `texts`
     (one round of byte-pair encoding: every text still tokenises)."""
     from collections import Counter
 
-    from keras_hub.src.tokenizers.byte_pair_tokenizer import bytes_to_unicode
-
-    byte_values, alphabet = bytes_to_unicode()
-    byte_char = dict(zip((value[0] for value in byte_values), alphabet, strict=True))  # byte -> its character
+    alphabet = byte_alphabet()
     pairs = Counter()
     for text in texts:
         for word in str(text).replace(" ", "\n ").split("\n"):
-            chars = [byte_char[b] for b in word.encode("utf-8")]
-            pairs.update(zip(chars, chars[1:], strict=False))
+            characters = [alphabet[byte] for byte in word.encode("utf-8")]
+            pairs.update(zip(characters, characters[1:], strict=False))
     kept = [f"{a} {b}" for (a, b), _ in pairs.most_common(merges)]
-    tokens = list(alphabet) + [merge.replace(" ", "") for merge in kept] + ["<|endoftext|>"]
+    tokens = list(alphabet.values()) + [merge.replace(" ", "") for merge in kept] + ["<|endoftext|>"]
     return {token: index for index, token in enumerate(tokens)}, kept
 
 

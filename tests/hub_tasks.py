@@ -12,10 +12,11 @@ MERGES = ["Ġ t", "i n", "e r"]  # keras-hub's BPE tokenizers need at least one 
 
 
 def byte_vocabulary() -> dict:
-    """GPT-2's byte-level vocabulary and `MERGES`: every text tokenises, about one token per byte."""
-    from keras_hub.src.tokenizers.byte_pair_tokenizer import bytes_to_unicode
+    """GPT-2's byte-level vocabulary (the fine-tuning recipe's alphabet) and `MERGES`: every text tokenises,
+    about one token per byte."""
+    from kerasfast import recipes
 
-    tokens = list(bytes_to_unicode()[1]) + [merge.replace(" ", "") for merge in MERGES]
+    tokens = list(recipes.load_recipe("finetune").byte_alphabet().values()) + [m.replace(" ", "") for m in MERGES]
     return {token: index for index, token in enumerate(tokens + ["<|endoftext|>", "<pad>"])}
 
 

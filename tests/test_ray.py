@@ -310,6 +310,27 @@ def test_a_recipe_runs_on_ray_workers_with_one_flag_and_a_quiet_console(tmp_path
         assert chatter not in console, console[-4000:]
 
 
+@pytest.mark.slow
+def test_the_fine_tuning_recipe_runs_on_ray_workers(tmp_path):
+    """`kerasfast recipe finetune --ray-workers 2`: the keras-hub classifier (a task with its preprocessor, built
+    on each worker) on two Ray Train workers; the chief's run folder and the task handed to Ray as model.keras."""
+    pytest.importorskip("keras_hub", reason="keras-hub is in the [test] extra (pip install -e '.[test]')")
+    env = {name: value for name, value in os.environ.items() if name not in ("TF_CPP_MIN_LOG_LEVEL", "RAY_ADDRESS")}
+    done = subprocess.run(
+        [sys.executable, "-m", "kerasfast.cli", "recipe", "finetune", "--smoke", "--epochs", "2",
+         "--ray-workers", "2", "--out", "run"],
+        cwd=tmp_path, env={**env, **RAY_SETTINGS, "RAY_USAGE_STATS_ENABLED": "0"}, capture_output=True, text=True,
+        timeout=600)
+    console = done.stdout + done.stderr
+    assert done.returncode == 0, console[-4000:]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["strategy"] == "multi_worker" and metrics["num_replicas"] == 2
+    assert console.count("fine-tuning: test accuracy") == 1  # only the chief prints the summary
+    result = Result.from_path(str(tmp_path / "run" / "ray"))
+    with result.checkpoint.as_directory() as folder:
+        assert (pathlib.Path(folder) / "model.keras").is_file()
+
+
 def test_ray_workers_refuses_a_negative_count(tmp_path):
     from kerasfast import recipes
     from kerasfast.errors import PlanError

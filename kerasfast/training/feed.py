@@ -54,14 +54,7 @@ def prepare(run: Run, batch_size: int | None) -> None:
             for index, value in enumerate(feed.validation_data):
                 check_finite(value, f"validation_data[{index}]")
     with damage_named(feed.x, feed.validation_data):
-        if isinstance(feed.x, ray_train.RayShard):
-            run.train_data = feed.x.prepared(batch_size, run.distribution.cluster.num_workers, shuffle=feed.shuffle,
-                                             seed=run.seed)
-        else:
-            run.train_data = prepare_data(feed.x, feed.y, feed.sample_weight, batch_size=batch_size,
-                                          class_weight=feed.class_weight, shuffle=feed.shuffle, seed=run.seed,
-                                          repeat=True, on_error=feed.on_error, preprocess=preprocessing(run))
-        _validate_with(run, batch_size)
+        _read(run, batch_size)
     _refuse_endless_epochs(feed.x, args.steps_per_epoch, args.callbacks)
     if feed.data_service is not None:
         service.check_servable(feed.data_service, feed.x, run.train_data, run.distribution,
@@ -80,14 +73,29 @@ def preprocessing(run: Run):
     return _compat.hub_preprocessing(model) if isinstance(model, keras.Model) else None
 
 
-def add_builders_preprocessing(run: Run) -> None:
-    """The model a builder made (in the model phase) preprocesses its own batches: that preprocessing joins the
-    training and validation pipelines the data phase built, as it would have for the model itself."""
-    preprocess = preprocessing(run)
-    if preprocess is not None:
-        with damage_named(run.feed.x, run.feed.validation_data):
+def _read(run: Run, batch_size: int | None) -> None:
+    """`run.train_data` and `run.validation`, read from `run.feed` (with the model's own preprocessing)."""
+    feed = run.feed
+    if isinstance(feed.x, ray_train.RayShard):
+        run.train_data = feed.x.prepared(batch_size, run.distribution.cluster.num_workers, shuffle=feed.shuffle,
+                                         seed=run.seed)
+        preprocess = preprocessing(run)
+        if preprocess is not None:
             run.train_data = run.train_data.preprocessed(preprocess)
-            _validate_with(run, run.args.overrides.batch_size)
+    else:
+        run.train_data = prepare_data(feed.x, feed.y, feed.sample_weight, batch_size=batch_size,
+                                      class_weight=feed.class_weight, shuffle=feed.shuffle, seed=run.seed,
+                                      repeat=True, on_error=feed.on_error, preprocess=preprocessing(run))
+    _validate_with(run, batch_size)
+
+
+def add_builders_preprocessing(run: Run) -> None:
+    """The model a builder made (in the model phase) preprocesses its own batches: the training and validation
+    data are read again with that preprocessing, as they would have been for the model itself (in-memory
+    arrays are not read from disk again; a deterministic preprocessing is then applied to them once)."""
+    if preprocessing(run) is not None:
+        with damage_named(run.feed.x, run.feed.validation_data):
+            _read(run, run.args.overrides.batch_size)
 
 
 def _refuse_endless_epochs(x, steps_per_epoch, callbacks) -> None:
