@@ -82,7 +82,7 @@ def test_installed_wheel_lists_and_finds_recipes_outside_the_checkout(installed,
     recipe_help = _run([installed / "kerasfast", "recipe", "tabular", "--help"], tmp_path)
     assert recipe_help.returncode == 0 and "--smoke" in recipe_help.stdout, recipe_help.stderr[-3000:]
     unknown = _run([installed / "kerasfast", "recipe", "nope"], tmp_path)
-    assert unknown.returncode != 0 and "the recipes are gpt, image_classification" in unknown.stderr
+    assert unknown.returncode != 0 and "the recipes are finetune, gpt, image_classification" in unknown.stderr
     quick = _run([installed / "kerasfast", "quickstart", "--help"], tmp_path)
     assert quick.returncode == 0 and "digits" in quick.stdout, quick.stderr[-3000:]
 
