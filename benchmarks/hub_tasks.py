@@ -66,8 +66,9 @@ def _one_side(name: str, side: str, epochs: int) -> dict:
         rate = meter.result().samples_per_second
     elif side == "by hand":  # what an expert does without kerasfast: preprocess once, then fit without it
         import keras
+        import tensorflow as tf
 
-        inputs, targets, weights = keras.utils.unpack_x_y_sample_weight(task.preprocessor(x, y))
+        inputs, targets, weights = keras.utils.unpack_x_y_sample_weight(task.preprocessor(tf.constant(x), y))
         task.preprocessor = None
         task.fit(inputs, targets, sample_weight=weights, batch_size=batch, epochs=epochs, verbose=0,
                  callbacks=[meter])

@@ -484,8 +484,10 @@ def prepare_data(x, y=None, sample_weight=None, *, batch_size: int | None, class
             (see `kerasfast.data.tfrecord_dataset`).
         preprocess: The model's own preprocessing, `f(x, y=None,
             sample_weight=None)` on a batch (a keras-hub task's
-            `preprocess_samples`), mapped over the batches in the pipeline;
-            None for data the model takes as it is.
+            `preprocess_samples`): applied once to arrays when it draws no
+            random number (`kerasfast.training.preprocessing`), else mapped
+            over the batches in the pipeline; None for data the model takes
+            as it is.
 
     Returns:
         A `PreparedData`.
@@ -560,7 +562,6 @@ def _preprocessed(prepared: PreparedData, preprocess) -> PreparedData:
         description=f"{prepared.description}; {preprocessing.name(preprocess)} in the input pipeline "
                     f"({os.cpu_count() or 1} batches at once, {PREPROCESSED_AHEAD} ahead)",
         remake=remake and (lambda batch_size, **changes: _preprocessed(remake(batch_size, **changes), preprocess)))
-
 
 
 def _apply_to_element(function, element):
