@@ -3,9 +3,10 @@
 The fine-tuning recipe's models (recipes/finetune.py, without --smoke): a BERT text classifier and a GPT-2
 causal LM on raw strings of the standard library, and a ResNet image classifier on raw uint8 images its
 preprocessor resizes; each trained from the same initial weights and data by keras-hub's own `task.fit`
-(its preprocessing mapped over every batch in its own tf.data pipeline), by `task.fit` on data preprocessed
-once by hand (`task.preprocessor(x, y)`, then `preprocessor=None`: what an expert does without kerasfast)
-and by `kerasfast.fit(task, ...)` (auto plan). Each
+(its preprocessing mapped over every batch in its own tf.data pipeline; TensorFlow's own oneDNN default, as
+in a script without kerasfast), by `task.fit` tuned by hand (the data preprocessed once with
+`task.preprocessor(x, y)`, then `preprocessor=None`, and oneDNN on with TF_ENABLE_ONEDNN_OPTS=1: what an
+expert does without kerasfast) and by `kerasfast.fit(task, ...)` (auto plan). Each
 side runs in a fresh process, alternating, so one does not warm the other; the best of `--rounds` of each is
 kept. "steady" is samples/s after the first execution (a ThroughputMeter callback on both sides), "whole"
 the seconds of the fit call, first step and compilation included.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -55,7 +57,11 @@ def _task_and_data(name: str):
 
 def _one_side(name: str, side: str, epochs: int) -> dict:
     """Runs in a child process: one fit, its steady rate and whole time."""
-    import kerasfast  # first: oneDNN on, as a kerasfast user's script has it
+    if side == "task.fit":
+        import tensorflow  # noqa: F401 - first: TensorFlow's own oneDNN default, as in a script without kerasfast
+    import kerasfast  # first on the other sides: oneDNN on (by hand: TF_ENABLE_ONEDNN_OPTS=1 from the parent)
+    from tensorflow.python.util import _pywrap_util_port
+
     from kerasfast.training.throughput import ThroughputMeter, samples_counter
 
     task, x, y, batch = _task_and_data(name)
@@ -76,7 +82,7 @@ def _one_side(name: str, side: str, epochs: int) -> dict:
     else:
         result = kerasfast.fit(task, x, y, batch_size=batch, epochs=epochs, verbose=0, run_dir=False)
         rate = result.throughput.samples_per_second
-    return {"steady": rate, "whole": time.perf_counter() - start}
+    return {"steady": rate, "whole": time.perf_counter() - start, "onednn": bool(_pywrap_util_port.IsMklEnabled())}
 
 
 def main() -> None:
@@ -97,15 +103,18 @@ def main() -> None:
         best = {}
         for _ in range(args.rounds):
             for side in SIDES:
+                env = {key: value for key, value in os.environ.items() if key != "TF_ENABLE_ONEDNN_OPTS"}
+                if side == "by hand":
+                    env["TF_ENABLE_ONEDNN_OPTS"] = "1"
                 done = subprocess.run([sys.executable, __file__, "--epochs", str(args.epochs), "--child", name, side],
-                                      capture_output=True, text=True, check=True, cwd=ROOT)
+                                      capture_output=True, text=True, check=True, cwd=ROOT, env=env)
                 run = json.loads(done.stdout.strip().splitlines()[-1])
                 kept = best.setdefault(side, run)
                 best[side] = {"steady": max(kept["steady"] or 0, run["steady"] or 0),
-                              "whole": min(kept["whole"], run["whole"])}
+                              "whole": min(kept["whole"], run["whole"]), "onednn": run["onednn"]}
         ours = best["kerasfast.fit"]
         print(f"{name}: " + "; ".join(f"{side} {best[side]['steady']:,.0f} samples/s, {best[side]['whole']:.1f} s whole"
-                                      for side in SIDES))
+                                      f" (oneDNN {'on' if best[side]['onednn'] else 'off'})" for side in SIDES))
         for side in SIDES[:-1]:
             print(f"  kerasfast.fit vs {side}: steady {ours['steady'] / best[side]['steady']:.2f}x, whole call "
                   f"{best[side]['whole'] / ours['whole']:.2f}x")

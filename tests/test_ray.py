@@ -280,6 +280,19 @@ def test_a_two_node_cluster_across_a_network_boundary_ends_as_the_loopback_run(d
                          _checkpoint_weights(documented_run[1]))
 
 
+def _recipe_on_two_ray_workers(folder, name: str, *flags) -> str:
+    """`kerasfast recipe NAME --smoke FLAGS --ray-workers 2 --out run` in `folder` (a local Ray cluster the
+    command starts); its console, after checking it succeeded."""
+    env = {key: value for key, value in os.environ.items() if key not in ("TF_CPP_MIN_LOG_LEVEL", "RAY_ADDRESS")}
+    done = subprocess.run(
+        [sys.executable, "-m", "kerasfast.cli", "recipe", name, "--smoke", *flags, "--ray-workers", "2", "--out", "run"],
+        cwd=folder, env={**env, **RAY_SETTINGS, "RAY_USAGE_STATS_ENABLED": "0"}, capture_output=True, text=True,
+        timeout=600)
+    console = done.stdout + done.stderr
+    assert done.returncode == 0, console[-4000:]
+    return console
+
+
 @pytest.mark.slow
 def test_a_recipe_runs_on_ray_workers_with_one_flag_and_a_quiet_console(tmp_path):
     """`kerasfast recipe tabular --ray-workers 2`: a local Ray cluster started by the command, the recipe on two
@@ -287,14 +300,7 @@ def test_a_recipe_runs_on_ray_workers_with_one_flag_and_a_quiet_console(tmp_path
     from tests.test_recipes import assert_run_folder
 
     out = tmp_path / "run"
-    env = {name: value for name, value in os.environ.items() if name not in ("TF_CPP_MIN_LOG_LEVEL", "RAY_ADDRESS")}
-    done = subprocess.run(
-        [sys.executable, "-m", "kerasfast.cli", "recipe", "tabular", "--smoke", "--epochs", "4",
-         "--ray-workers", "2", "--out", "run"],
-        cwd=tmp_path, env={**env, **RAY_SETTINGS, "RAY_USAGE_STATS_ENABLED": "0"}, capture_output=True, text=True,
-        timeout=600)
-    console = done.stdout + done.stderr
-    assert done.returncode == 0, console[-4000:]
+    console = _recipe_on_two_ray_workers(tmp_path, "tabular", "--epochs", "4")
     metrics = assert_run_folder(out)
     assert metrics["strategy"] == "multi_worker" and metrics["num_replicas"] == 2
     assert metrics["test_accuracy"] > metrics["majority_class_accuracy"]
@@ -315,14 +321,7 @@ def test_the_fine_tuning_recipe_runs_on_ray_workers(tmp_path):
     """`kerasfast recipe finetune --ray-workers 2`: the keras-hub classifier (a task with its preprocessor, built
     on each worker) on two Ray Train workers; the chief's run folder and the task handed to Ray as model.keras."""
     pytest.importorskip("keras_hub", reason="keras-hub is in the [test] extra (pip install -e '.[test]')")
-    env = {name: value for name, value in os.environ.items() if name not in ("TF_CPP_MIN_LOG_LEVEL", "RAY_ADDRESS")}
-    done = subprocess.run(
-        [sys.executable, "-m", "kerasfast.cli", "recipe", "finetune", "--smoke", "--epochs", "2",
-         "--ray-workers", "2", "--out", "run"],
-        cwd=tmp_path, env={**env, **RAY_SETTINGS, "RAY_USAGE_STATS_ENABLED": "0"}, capture_output=True, text=True,
-        timeout=600)
-    console = done.stdout + done.stderr
-    assert done.returncode == 0, console[-4000:]
+    console = _recipe_on_two_ray_workers(tmp_path, "finetune", "--epochs", "2")
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["strategy"] == "multi_worker" and metrics["num_replicas"] == 2
     assert console.count("fine-tuning: test accuracy") == 1  # only the chief prints the summary

@@ -19,15 +19,11 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 out_dir, strategy = pathlib.Path(sys.argv[1]), sys.argv[2]
 
-import tensorflow as tf  # noqa: E402
+from tests.workers.strategy_start import start  # noqa: E402
 
-if strategy == "mirrored":
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+index = start(strategy)  # before any tensor exists
 
 import kerasfast  # noqa: E402
-
-kerasfast.distribute.setup()  # multi-worker: before any tensor exists
 
 import numpy as np  # noqa: E402
 
@@ -35,7 +31,6 @@ from tests.helpers import replica_gap as replica_gap_of  # noqa: E402
 
 from tests import kerasio_models  # noqa: E402
 
-index = kerasfast.distribute.cluster_from_env().index
 results = {}
 for name in ("vae", "ticket_model"):
     build = getattr(kerasio_models, f"build_{name}")

@@ -17,15 +17,11 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 out_dir, strategy = pathlib.Path(sys.argv[1]), sys.argv[2]
 
-import tensorflow as tf  # noqa: E402
+from tests.workers.strategy_start import start  # noqa: E402
 
-if strategy == "mirrored":
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+index = start(strategy)  # before any tensor exists
 
 import kerasfast  # noqa: E402
-
-kerasfast.distribute.setup()  # multi-worker: before any tensor exists
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -33,7 +29,6 @@ import numpy as np  # noqa: E402
 from tests import hub_tasks  # noqa: E402
 from tests.helpers import replica_gap  # noqa: E402
 
-index = kerasfast.distribute.cluster_from_env().index
 keras.utils.set_random_seed(0)
 x, y = hub_tasks.text_labels(64)
 

@@ -16,15 +16,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 out_dir, strategy, configs = pathlib.Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
 
-import tensorflow as tf  # noqa: E402
+from tests.workers.strategy_start import start  # noqa: E402
 
-if strategy == "mirrored":
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+index = start(strategy)  # before any tensor exists
 
 import kerasfast  # noqa: E402
-
-kerasfast.distribute.setup()  # multi-worker: before any tensor exists
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -35,7 +31,6 @@ from kerasfast import datasets  # noqa: E402
 
 (x, y), _ = datasets.digits()
 x, y = x[:512].reshape(512, 64), y[:512]
-index = kerasfast.distribute.cluster_from_env().index
 
 
 def build():
